@@ -1,0 +1,1 @@
+"""Hydra entry points: single runs, sweeps, benchmarks and plots."""

@@ -1,0 +1,175 @@
+"""The read-only snapshot a policy sees, the decision it returns, and shared helpers.
+
+Terms used throughout the project:
+
+* *confidence* ``c[r, k]`` - the drafter's estimate that draft token k of request r
+  is accepted given that tokens 1..k-1 were accepted (k is 1-based in prose,
+  0-based in arrays).
+* *prefix survival* ``a[r, j] = prod_{i <= j} c[r, i]`` - the probability that the
+  first j draft tokens are all accepted. Non-increasing in j.
+* *verification length* ``l_r`` - how many draft tokens of request r the target
+  verifies this step (0 <= l_r <= gamma). The *verification budget* of a request
+  is ``1 + l_r`` target tokens (the +1 is the position that yields the bonus or
+  correction token).
+* *batch tokens* ``B = sum_r (1 + l_r)``.
+* *expected accepted tokens* ``tau* = sum_r (1 + sum_{j <= l_r} a[r, j])`` (it
+  counts the bonus token, like the paper's tau).
+* *expected throughput* ``Theta = tau* x SPS(B)`` (Algorithm 1 of the DSpark paper).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Protocol
+
+import numpy as np
+
+Objective = Literal["tokens_x_sps", "tokens_per_s"]
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Step cost of the target for the current number of requests.
+
+    ``batch_tokens`` is strictly increasing; ``steps_per_s[i]`` is SPS at
+    ``batch_tokens[i]`` (already including any per-request cost of this step's R).
+    Between table points SPS is interpolated linearly; outside the table it is
+    an error, never an extrapolation.
+    """
+
+    batch_tokens: np.ndarray  # [M] int
+    steps_per_s: np.ndarray  # [M] float
+    draft_s: float = 0.0  # drafter latency of this step, for the tokens-per-second objective
+
+    def sps(self, batch_tokens: np.ndarray | int) -> np.ndarray:
+        b = np.asarray(batch_tokens, dtype=np.float64)
+        lo, hi = self.batch_tokens[0], self.batch_tokens[-1]
+        if b.size and (b.min() < lo or b.max() > hi):
+            raise ValueError(
+                f"batch of {b.min():.0f}..{b.max():.0f} tokens is outside the profiled "
+                f"SPS table ({lo}..{hi} tokens); profile a wider range"
+            )
+        return np.interp(b, self.batch_tokens, self.steps_per_s)
+
+    def throughput(self, expected_tokens: np.ndarray, batch_tokens: np.ndarray,
+                   objective: Objective = "tokens_x_sps") -> np.ndarray:
+        """Expected tokens per second of a step for each candidate (tau*, B)."""
+        sps = self.sps(batch_tokens)
+        if objective == "tokens_x_sps":
+            return expected_tokens * sps
+        return expected_tokens / (self.draft_s + 1.0 / sps)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """Everything a policy may read when deciding one engine step.
+
+    ``history`` holds the survival pools of earlier steps, the most recent last
+    (``history[-1]`` is one step old). Stale pools may have other requests and
+    other sizes than the current one; only their values matter.
+    """
+
+    confidence: np.ndarray  # [R, gamma] float in [0, 1]
+    cost: CostCurve
+    history: tuple[np.ndarray, ...] = ()  # each [R_old, gamma]
+    smoothed: np.ndarray | None = None  # [R, gamma] EMA state, NaN rows for new requests
+    accepted: np.ndarray | None = None  # [R] true accepted draft tokens (oracle only)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.confidence.shape[0])
+
+    @property
+    def gamma(self) -> int:
+        return int(self.confidence.shape[1])
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a policy decided for one step.
+
+    ``lengths[r]`` draft tokens of request r are verified. ``pool`` is the survival
+    table this step's decision was based on; the engine keeps it so that later
+    steps can size their capacity from it. ``capacity`` is the number of draft
+    tokens the policy allowed in total (-1 when the policy has no such notion).
+    """
+
+    lengths: np.ndarray  # [R] int
+    pool: np.ndarray  # [R, gamma] float
+    capacity: int = -1
+    smoothed: np.ndarray | None = None  # [R, gamma] new EMA state, if the policy keeps one
+
+
+class Policy(Protocol):
+    """A verification policy: a frozen value with a pure ``decide``.
+
+    ``synchronous`` policies put their scheduler time on the critical path of
+    every step; ``lossless`` says whether the policy keeps the target
+    distribution exactly (see docs/lossless.md); ``history_steps`` is how many
+    earlier pools the engine must keep for it; ``needs_outcomes`` is only true
+    for the oracle.
+    """
+
+    name: str
+    synchronous: bool
+    lossless: bool
+    history_steps: int
+    needs_outcomes: bool
+
+    def draft_tokens(self, gamma: int) -> int:
+        """How many tokens the drafter proposes per request and step."""
+        ...
+
+    def decide(self, view: StepView) -> Decision:
+        ...
+
+
+class PolicyTraits:
+    """Default trait values as class constants; concrete policies override what differs."""
+
+    synchronous: ClassVar[bool] = False
+    lossless: ClassVar[bool] = True
+    history_steps: ClassVar[int] = 0
+    needs_outcomes: ClassVar[bool] = False
+
+    def draft_tokens(self, gamma: int) -> int:
+        return gamma
+
+
+def prefix_survival(confidence: np.ndarray) -> np.ndarray:
+    """a[r, j] = prod_{i <= j} c[r, i]  -> [R, gamma]."""
+    return np.cumprod(confidence, axis=1)
+
+
+def sorted_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Candidates (r, j) with a > 0, sorted by a descending.
+
+    Ties go to the smaller position, then the smaller request index, so equal
+    survivals within a request (c = 1) still form a prefix. Returns request
+    indices, 1-based positions and survivals along the sorted path.
+    """
+    num_requests, gamma = survival.shape
+    flat = survival.ravel()
+    positions = np.tile(np.arange(1, gamma + 1), num_requests)
+    requests = np.repeat(np.arange(num_requests), gamma)
+    order = np.lexsort((requests, positions, -flat))
+    keep = flat[order] > 0.0
+    order = order[keep]
+    return requests[order], positions[order], flat[order]
+
+
+def lengths_from_path(num_requests: int, requests: np.ndarray, num_admitted: int) -> np.ndarray:
+    """Verification lengths after admitting the first ``num_admitted`` path entries.
+
+    Every sorted path admits each request's positions as a prefix (1, 2, ...), so
+    a request's length is simply how many of its entries were admitted.
+    """
+    return np.bincount(requests[:num_admitted], minlength=num_requests).astype(np.int64)
+
+
+def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,
+                    objective: Objective = "tokens_x_sps") -> np.ndarray:
+    """Theta after admitting 0, 1, ..., n entries of a sorted path -> [n + 1]."""
+    expected = num_requests + np.concatenate(([0.0], np.cumsum(survivals)))
+    batch = num_requests + np.arange(survivals.size + 1)
+    return cost.throughput(expected, batch, objective)

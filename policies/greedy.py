@@ -1,0 +1,89 @@
+"""Algorithm 1 of the DSpark paper (greedy prefix scheduler) and its lossy relative."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from policies.base import (
+    CostCurve,
+    Decision,
+    Objective,
+    PolicyTraits,
+    StepView,
+    lengths_from_path,
+    path_throughput,
+    prefix_survival,
+    sorted_candidates,
+)
+
+
+def early_stop_count(theta: np.ndarray) -> int:
+    """Entries admitted when walking a path until Theta first fails to rise.
+
+    ``theta[n]`` is the throughput after admitting n entries (``theta[0]`` is the
+    plain-decoding value). Admission stops at the first n with theta[n] <= theta[n-1].
+    """
+    rising = theta[1:] > theta[:-1]
+    falls = np.flatnonzero(~rising)
+    return int(falls[0]) if falls.size else int(rising.size)
+
+
+def best_prefix_count(theta: np.ndarray) -> int:
+    """Entries admitted by a full search: the first argmax of Theta along the path."""
+    return int(np.argmax(theta))
+
+
+def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective) -> int:
+    """Draft-token capacity K that a full search over ``pool`` would admit."""
+    _, _, survivals = sorted_candidates(pool)
+    return best_prefix_count(path_throughput(cost, pool.shape[0], survivals, objective))
+
+
+@dataclass(frozen=True)
+class Greedy(PolicyTraits):
+    """Algorithm 1: admit candidates by descending survival while Theta rises.
+
+    The early stop makes it lossless: whether position k of a request is admitted
+    is settled before any candidate that depends on draft token k is examined.
+    It finds the global optimum only when Theta is unimodal along the path; a
+    jagged SPS curve can trap it (DSpark paper, section 5.2).
+    """
+
+    objective: Objective = "tokens_x_sps"
+    name: ClassVar[str] = "greedy"
+    synchronous: ClassVar[bool] = True
+
+    def decide(self, view: StepView) -> Decision:
+        survival = prefix_survival(view.confidence)
+        requests, _, survivals = sorted_candidates(survival)
+        theta = path_throughput(view.cost, view.num_requests, survivals, self.objective)
+        count = early_stop_count(theta)
+        return Decision(lengths=lengths_from_path(view.num_requests, requests, count),
+                        pool=survival, capacity=count)
+
+
+@dataclass(frozen=True)
+class GlobalSync(PolicyTraits):
+    """LOSSY research baseline: Algorithm 1 without the early stop.
+
+    It takes the best prefix of the whole sorted path of the *current* step, so
+    the admission of draft token k depends on survivals that were computed from
+    token k itself. Appendix A of the DSpark paper shows the output distribution
+    (0.85, 0.15) instead of the target (0.7, 0.3). Never use it for serving.
+    """
+
+    objective: Objective = "tokens_x_sps"
+    name: ClassVar[str] = "global_sync"
+    synchronous: ClassVar[bool] = True
+    lossless: ClassVar[bool] = False
+
+    def decide(self, view: StepView) -> Decision:
+        survival = prefix_survival(view.confidence)
+        requests, _, survivals = sorted_candidates(survival)
+        theta = path_throughput(view.cost, view.num_requests, survivals, self.objective)
+        count = best_prefix_count(theta)
+        return Decision(lengths=lengths_from_path(view.num_requests, requests, count),
+                        pool=survival, capacity=count)

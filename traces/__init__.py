@@ -1,0 +1,1 @@
+"""Traffic: synthetic request generators and readers for public serving traces."""
