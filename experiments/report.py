@@ -19,7 +19,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         "",
         f"throughput              {s['output_tokens_per_s']:10.1f} tok/s   "
         f"{s['output_tokens_per_s_per_gpu']:10.1f} tok/s/GPU ({s['num_decode_gpus']} decode GPUs)",
-        f"tok/s/user              mean {per_user['mean']:7.1f}   p50 {per_user['p50']:7.1f}   p90 {per_user['p90']:7.1f}",
+        f"tok/s/user              mean {per_user['mean']:7.1f}   p50 {per_user['p50']:7.1f}   "
+        f"p90 {per_user['p90']:7.1f}",
         f"TTFT                    mean {1e3 * ttft['mean']:7.1f} ms   p50 {1e3 * ttft['p50']:7.1f} ms   "
         f"p90 {1e3 * ttft['p90']:7.1f} ms",
         f"mean acceptance length  {s['mean_acceptance_length']:.3f} tokens/step (tau, bonus included)",

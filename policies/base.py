@@ -148,23 +148,43 @@ def sorted_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     survivals within a request (c = 1) still form a prefix. Returns request
     indices, 1-based positions and survivals along the sorted path.
     """
-    num_requests, gamma = survival.shape
-    flat = survival.ravel()
-    positions = np.tile(np.arange(1, gamma + 1), num_requests)
-    requests = np.repeat(np.arange(num_requests), gamma)
-    order = np.lexsort((requests, positions, -flat))
-    keep = flat[order] > 0.0
-    order = order[keep]
-    return requests[order], positions[order], flat[order]
+    num_requests = survival.shape[0]
+    flat = survival.T.ravel()  # position-major: index = (j - 1) * R + r, already in tie-break order
+    order = np.argsort(-flat, kind="stable")
+    values = flat[order]
+    keep = values > 0.0
+    order, values = order[keep], values[keep]
+    positions, requests = np.divmod(order, num_requests)
+    return requests, positions + 1, values
 
 
-def lengths_from_path(num_requests: int, requests: np.ndarray, num_admitted: int) -> np.ndarray:
-    """Verification lengths after admitting the first ``num_admitted`` path entries.
+def sorted_survivals(survival: np.ndarray) -> np.ndarray:
+    """The positive survivals in descending order: the values along the sorted path."""
+    values = -np.sort(-survival, axis=None)
+    return values[: np.count_nonzero(values > 0.0)]
 
-    Every sorted path admits each request's positions as a prefix (1, 2, ...), so
-    a request's length is simply how many of its entries were admitted.
+
+def top_k_lengths(survival: np.ndarray, k: int) -> np.ndarray:
+    """Verification lengths after admitting the first k entries of the sorted path.
+
+    Same result as walking :func:`sorted_candidates`, in O(R gamma): every entry
+    above the k-th largest survival is admitted, and entries equal to it are
+    admitted in tie-break order (position-major) until k are in. Each request's
+    admitted entries form a prefix, so its length is their count.
     """
-    return np.bincount(requests[:num_admitted], minlength=num_requests).astype(np.int64)
+    num_requests, gamma = survival.shape
+    flat = survival.T.ravel()  # position-major, the tie-break order
+    if k <= 0:
+        return np.zeros(num_requests, dtype=np.int64)
+    positive = flat > 0.0
+    if k >= np.count_nonzero(positive):
+        admitted = positive
+    else:
+        kth = np.partition(flat, flat.size - k)[flat.size - k]  # k-th largest value
+        admitted = flat > kth
+        ties = np.flatnonzero(flat == kth)[: k - np.count_nonzero(admitted)]
+        admitted[ties] = True
+    return admitted.reshape(gamma, num_requests).sum(axis=0)
 
 
 def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,

@@ -18,10 +18,9 @@ from policies.base import (
     Objective,
     PolicyTraits,
     StepView,
-    lengths_from_path,
     path_throughput,
     prefix_survival,
-    sorted_candidates,
+    top_k_lengths,
 )
 from policies.greedy import best_prefix_count, search_capacity
 
@@ -78,9 +77,8 @@ class DSpark(PolicyTraits):
             capacity = search_capacity(view.history[-self.staleness_steps], view.cost, self.objective)
         else:
             capacity = 0
-        requests, _, _ = sorted_candidates(survival)
-        lengths = lengths_from_path(view.num_requests, requests, min(capacity, requests.size))
-        return Decision(lengths=lengths, pool=survival, capacity=capacity, smoothed=smoothed)
+        return Decision(lengths=top_k_lengths(survival, capacity), pool=survival, capacity=capacity,
+                        smoothed=smoothed)
 
 
 @dataclass(frozen=True)
@@ -136,9 +134,8 @@ class Oracle(PolicyTraits):
         gamma = view.gamma
         positions = np.arange(1, gamma + 1)
         good = positions[None, :] <= view.accepted[:, None]  # [R, gamma]
-        # Walk position-major (all first tokens, then all second tokens, ...).
-        requests = np.nonzero(good.T)[1]
-        theta = path_throughput(view.cost, view.num_requests, np.ones(requests.size), "tokens_x_sps")
+        theta = path_throughput(view.cost, view.num_requests, np.ones(int(good.sum())), "tokens_x_sps")
         count = best_prefix_count(theta)
-        lengths = lengths_from_path(view.num_requests, requests, count)
-        return Decision(lengths=lengths, pool=survival, capacity=count)
+        # Survival 1 for the tokens that will be accepted, 0 otherwise: the top-count
+        # entries go position-major (all first tokens, then all second tokens, ...).
+        return Decision(lengths=top_k_lengths(good.astype(np.float64), count), pool=survival, capacity=count)

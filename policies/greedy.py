@@ -13,10 +13,10 @@ from policies.base import (
     Objective,
     PolicyTraits,
     StepView,
-    lengths_from_path,
     path_throughput,
     prefix_survival,
-    sorted_candidates,
+    sorted_survivals,
+    top_k_lengths,
 )
 
 
@@ -38,8 +38,7 @@ def best_prefix_count(theta: np.ndarray) -> int:
 
 def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective) -> int:
     """Draft-token capacity K that a full search over ``pool`` would admit."""
-    _, _, survivals = sorted_candidates(pool)
-    return best_prefix_count(path_throughput(cost, pool.shape[0], survivals, objective))
+    return best_prefix_count(path_throughput(cost, pool.shape[0], sorted_survivals(pool), objective))
 
 
 @dataclass(frozen=True)
@@ -58,11 +57,9 @@ class Greedy(PolicyTraits):
 
     def decide(self, view: StepView) -> Decision:
         survival = prefix_survival(view.confidence)
-        requests, _, survivals = sorted_candidates(survival)
-        theta = path_throughput(view.cost, view.num_requests, survivals, self.objective)
+        theta = path_throughput(view.cost, view.num_requests, sorted_survivals(survival), self.objective)
         count = early_stop_count(theta)
-        return Decision(lengths=lengths_from_path(view.num_requests, requests, count),
-                        pool=survival, capacity=count)
+        return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)
 
 
 @dataclass(frozen=True)
@@ -82,8 +79,5 @@ class GlobalSync(PolicyTraits):
 
     def decide(self, view: StepView) -> Decision:
         survival = prefix_survival(view.confidence)
-        requests, _, survivals = sorted_candidates(survival)
-        theta = path_throughput(view.cost, view.num_requests, survivals, self.objective)
-        count = best_prefix_count(theta)
-        return Decision(lengths=lengths_from_path(view.num_requests, requests, count),
-                        pool=survival, capacity=count)
+        count = search_capacity(survival, view.cost, self.objective)
+        return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)

@@ -46,7 +46,7 @@ class DifficultySpec:
 
     request_spread: float = 0.8
     step_spread: float = 0.6
-    position_spread: float = 1.2
+    position_spread: float = 1.5
 
     @property
     def step_sd(self) -> float:
@@ -134,8 +134,8 @@ def _build_tables(drafter: str, gamma: int, difficulty: DifficultySpec, conf: Co
         for k in range(gamma):
             w = _survivor_weights(d, mu[i, :k], difficulty.position_spread)
 
-            def auc_gap(log_noise: float, k: int = k, w: np.ndarray = w) -> float:
-                return _auc(*_grid_tables(mu[i, k], w, d, difficulty.position_spread, np.exp(log_noise))[1:]) - conf.auc
+            def auc_gap(log_noise: float, mu_k: float = mu[i, k], w: np.ndarray = w) -> float:
+                return _auc(*_grid_tables(mu_k, w, d, difficulty.position_spread, np.exp(log_noise))[1:]) - conf.auc
 
             best = auc_gap(-12.0) + conf.auc
             if conf.auc >= best:
@@ -165,7 +165,24 @@ class AcceptanceModel:
         self.difficulty = difficulty or DifficultySpec()
         self.confidence_spec = confidence or ConfidenceSpec()
         self.tables = _build_tables(drafter, gamma, self.difficulty, self.confidence_spec)
-        self._flat_table = self.tables.confidence.reshape(-1)
+        t = self.tables
+        # One gather per step: [6, D, gamma] of mu, the loadings of (A, C) on two
+        # standard normals (see sample_step), grid_lo and 1 / grid_step.
+        p_sd = self.difficulty.position_spread
+        scale_a = np.sqrt(p_sd**2 + 1.0) * np.ones_like(t.mu)
+        mix_c = p_sd**2 / scale_a
+        scale_c = np.sqrt(p_sd**2 + t.noise**2 - mix_c**2)
+        self._params = np.stack((t.mu, scale_a, mix_c, scale_c, t.grid_lo, 1.0 / t.grid_step))  # [6, D, gamma]
+        self._table_offsets = (np.arange(len(DOMAINS))[:, None] * gamma + np.arange(gamma)) * _GRID_POINTS
+        self._by_gamma: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._flat_table = t.confidence.reshape(-1)
+
+    def _per_gamma(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """Contiguous parameter and table-offset arrays for the first g positions."""
+        if g not in self._by_gamma:
+            self._by_gamma[g] = (np.ascontiguousarray(self._params[:, :, :g]),
+                                 np.ascontiguousarray(self._table_offsets[:, :g]))
+        return self._by_gamma[g]
 
     def request_difficulty(self, rng: np.random.Generator, num_requests: int) -> np.ndarray:
         """Persistent per-request difficulty z_r -> [N]."""
@@ -181,19 +198,21 @@ class AcceptanceModel:
         if g > self.gamma:
             raise ValueError(f"{g} draft tokens requested but the acceptance model was built for gamma={self.gamma}")
         spec = self.difficulty
-        noise = rng.standard_normal((3, num_requests, g))  # eps, u, eta
+        params, offsets = self._per_gamma(g)
+        mu, scale_a, mix_c, scale_c, grid_lo, inv_step = np.take(params, domain_idx, axis=1)  # each [R, g]
+        # (A, C) = (pos_spread*eps + u, pos_spread*eps + noise*eta) is bivariate normal: two draws suffice.
+        n = rng.standard_normal((2, num_requests, g))
         shift = spec.request_spread * difficulty + spec.step_spread * rng.standard_normal(num_requests)
-        ease = self.tables.mu[domain_idx, :g] + shift[:, None] + spec.position_spread * noise[0]  # [R, g]
-        accepted = np.cumprod(ease + noise[1] > 0.0, axis=1).sum(axis=1)
-        observed = ease + self.tables.noise[domain_idx, :g] * noise[2]
-        return self._lookup(domain_idx, observed, g), accepted
-
-    def _lookup(self, domain_idx: np.ndarray, observed: np.ndarray, g: int) -> np.ndarray:
-        pos = (observed - self.tables.grid_lo[domain_idx, :g]) / self.tables.grid_step[domain_idx, :g]
+        base = mu + shift[:, None]  # [R, g]
+        rejected = base + scale_a * n[0] <= 0.0  # [R, g]
+        # Accepted draft count = index of the first rejection (g when there is none).
+        accepted = np.argmax(np.concatenate((rejected, np.ones((num_requests, 1), dtype=bool)), axis=1), axis=1)
+        observed = base + mix_c * n[0] + scale_c * n[1]
+        # Linear interpolation in the per-(domain, position) table of P(accept | O).
         # O beyond +-8 sd has probability < 1e-15; the table is flat (0 or 1) there.
-        pos = np.clip(pos, 0.0, _GRID_POINTS - 1.000001)
-        base = (domain_idx[:, None] * self.gamma + np.arange(g)[None, :]) * _GRID_POINTS
+        pos = np.clip((observed - grid_lo) * inv_step, 0.0, _GRID_POINTS - 1.000001)
         i0 = pos.astype(np.int64)
         frac = pos - i0
+        idx = i0 + np.take(offsets, domain_idx, axis=0)
         flat = self._flat_table
-        return flat[base + i0] * (1.0 - frac) + flat[base + i0 + 1] * frac
+        return flat[idx] * (1.0 - frac) + flat[idx + 1] * frac, accepted

@@ -95,6 +95,8 @@ class Cluster:
         ]
         self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)
         self._next_engine = 0
+        self.num_expected: int | None = None  # open loop: requests that must finish
+        self.num_finished = 0
         self.sampler: RequestSampler | None = None
         traffic = spec.traffic
         if isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
@@ -103,6 +105,7 @@ class Cluster:
         else:
             workload = traffic if isinstance(traffic, Workload) else synthetic_workload(
                 self.rng_arrivals, traffic, spec.duration_s)
+            self.num_expected = workload.num_requests
             self.env.process(self._replay(workload))
 
     @staticmethod
@@ -144,6 +147,7 @@ class Cluster:
             self.env.process(self._prefill(int(rid)))
 
     def _finished(self, request_ids: np.ndarray) -> None:
+        self.num_finished += request_ids.size
         if self.sampler is None:
             return
         users = self.store.user[request_ids]
@@ -180,9 +184,8 @@ class Cluster:
     def run(self, progress: Callable[[float], None] | None = None, chunk_s: float = 1.0) -> float:
         """Advance to ``duration_s`` (or until nothing is left); returns the end time."""
         until = self.spec.duration_s
-        while True:
-            next_at = self.env.peek()
-            if next_at == float("inf") or (until is not None and self.env.now >= until):
+        while not self._complete():
+            if until is not None and self.env.now >= until:
                 break
             target = self.env.now + chunk_s if until is None else min(self.env.now + chunk_s, until)
             self.env.run(until=target)
@@ -192,3 +195,7 @@ class Cluster:
             return float(until)
         finished = self.store.finished_at[: self.store.size]
         return float(np.nanmax(finished)) if finished.size else 0.0
+
+    def _complete(self) -> bool:
+        """Open loop: every request of the workload has finished."""
+        return self.num_expected is not None and self.num_finished >= self.num_expected

@@ -87,7 +87,10 @@ class DecodeEngine:
         # per-position acceptance follows from their reverse cumulative sums.
         self.verified_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
         self.accepted_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
-        self._cost_cache: dict[int, CostCurve] = {}  # by R (the draft cost depends on R only)
+        self._step_costs: dict[int, tuple[float, float, CostCurve]] = {}  # R -> (draft_s, sched_s, curve)
+        self._num_steps = np.empty(0, dtype=np.int64)  # [R] per-request counters, written back at finish
+        self._num_verified = np.empty(0, dtype=np.int64)  # [R]
+        self._num_accepted = np.empty(0, dtype=np.int64)  # [R]
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
 
@@ -124,13 +127,21 @@ class DecodeEngine:
         self.active = np.concatenate((self.active, ids))
         self.remaining = np.concatenate((self.remaining, store.output_tokens[ids] - 1))
         self.smoothed = np.concatenate((self.smoothed, np.full((ids.size, self.draft_tokens), np.nan)))
+        zeros = np.zeros(ids.size, dtype=np.int64)
+        self._num_steps = np.concatenate((self._num_steps, zeros))
+        self._num_verified = np.concatenate((self._num_verified, zeros))
+        self._num_accepted = np.concatenate((self._num_accepted, zeros))
 
-    def _cost(self, num_requests: int, draft_s: float) -> CostCurve:
-        curve = self._cost_cache.get(num_requests)
-        if curve is None:
-            curve = self.profile.cost_curve(num_requests, draft_s)
-            self._cost_cache[num_requests] = curve
-        return curve
+    def _step_cost(self, num_requests: int) -> tuple[float, float, CostCurve]:
+        """Draft time, scheduler time and SPS curve of a step with R requests (cached: they depend on R only)."""
+        cached = self._step_costs.get(num_requests)
+        if cached is None:
+            g = self.draft_tokens
+            draft_s = self.profile.draft_s(self.drafter, num_requests, g)
+            sched_s = self.profile.scheduler_s(num_requests * g) if self.policy.synchronous and g else 0.0
+            cached = (draft_s, sched_s, self.profile.cost_curve(num_requests, draft_s))
+            self._step_costs[num_requests] = cached
+        return cached
 
     def _run(self):
         store, policy, g = self.store, self.policy, self.draft_tokens
@@ -145,14 +156,13 @@ class DecodeEngine:
             num_requests = active.size
             confidence, accepted = self.acceptance.sample_step(
                 self.rng, store.domain_idx[active], store.difficulty[active], g)
-            draft_s = self.profile.draft_s(self.drafter, num_requests, g)
-            view = StepView(confidence=confidence, cost=self._cost(num_requests, draft_s),
+            draft_s, sched_s, cost = self._step_cost(num_requests)
+            view = StepView(confidence=confidence, cost=cost,
                             history=tuple(self.history), smoothed=self.smoothed,
                             accepted=accepted if policy.needs_outcomes else None)
             decision = policy.decide(view)
             lengths = decision.lengths
             batch_tokens = num_requests + int(lengths.sum())
-            sched_s = self.profile.scheduler_s(num_requests * g) if policy.synchronous and g else 0.0
             verify_s = self.profile.verify_s(num_requests, batch_tokens)
             start_at = self.env.now
             yield _StepEnd(self.env, draft_s + sched_s + verify_s)
@@ -164,9 +174,9 @@ class DecodeEngine:
         good = np.minimum(lengths, accepted)  # accepted draft tokens among the verified ones
         emitted = np.minimum(good + 1, self.remaining)
         self.remaining = self.remaining - emitted
-        store.num_steps[active] += 1
-        store.num_verified_tokens[active] += lengths
-        store.num_accepted_tokens[active] += good
+        self._num_steps += 1
+        self._num_verified += lengths
+        self._num_accepted += good
         if now > self.measure_from_s:
             self.verified_length_counts += np.bincount(lengths, minlength=self.draft_tokens + 1)
             self.accepted_length_counts += np.bincount(good, minlength=self.draft_tokens + 1)
@@ -179,7 +189,12 @@ class DecodeEngine:
         if done.any():
             finished = active[done]
             store.finished_at[finished] = now
+            store.num_steps[finished] = self._num_steps[done]
+            store.num_verified_tokens[finished] = self._num_verified[done]
+            store.num_accepted_tokens[finished] = self._num_accepted[done]
             self.kv_used_tokens -= int((store.prompt_tokens[finished] + store.output_tokens[finished]).sum())
             keep = ~done
             self.active, self.remaining, self.smoothed = active[keep], self.remaining[keep], self.smoothed[keep]
+            self._num_steps, self._num_verified = self._num_steps[keep], self._num_verified[keep]
+            self._num_accepted = self._num_accepted[keep]
             self.on_finish(finished)

@@ -64,7 +64,8 @@ class TrafficSpec:
             raise ValueError(f"traffic.domain_mix: unknown domain(s) {unknown}; valid: {', '.join(DOMAINS)}")
         weights = np.array(list(self.domain_mix.values()), dtype=float)
         if weights.size == 0 or np.any(weights < 0) or weights.sum() <= 0:
-            raise ValueError(f"traffic.domain_mix needs non-negative weights with a positive sum, got {self.domain_mix}")
+            raise ValueError(f"traffic.domain_mix needs non-negative weights with a positive sum, "
+                             f"got {self.domain_mix}")
         for name in ("num_users", "max_prompt_tokens", "max_output_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"traffic.{name} must be >= 1, got {getattr(self, name)}")

@@ -1,0 +1,10 @@
+"""Calibration: where step costs come from.
+
+* :mod:`calibration.shapes` - model shapes (Qwen3 presets, an MoE approximation), parameter counts;
+* :mod:`calibration.roofline` / :mod:`calibration.drafter_cost` - analytic profiles (``source: analytic``);
+* :mod:`calibration.model` / :mod:`calibration.drafters` - the torch verifier and drafters (random weights);
+* :mod:`calibration.specdec` - real speculative decoding with those models and a policy;
+* :mod:`calibration.profile_gpu` - measured profiles (``source: measured``); :mod:`calibration.compare` plots both.
+
+Torch is imported only by the torch modules; the roofline needs numpy alone.
+"""

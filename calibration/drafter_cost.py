@@ -1,0 +1,106 @@
+"""Analytic drafter latency (the roofline's ``draft.<kind>`` tables) over requests R and draft tokens gamma.
+
+How each drafter spends a step (shapes follow the DSpark paper, sec. 3.1 and 4.1):
+
+* ``dflash``: one forward of ``num_layers`` layers over ``R * gamma`` tokens (anchor +
+  gamma-1 masks per request), reading target features through a ``k*h -> h``
+  projection, then the LM head over ``R * gamma`` positions.
+* ``dspark``: the same parallel pass, then ``gamma`` sequential Markov-head steps
+  (``W1[x_{k-1}] W2``, ``W2`` is ``r x V``) that sample left to right.
+* ``eagle3``: one layer, ``gamma`` sequential passes over R tokens, each with an LM-head
+  projection (the full vocabulary is assumed; a reduced draft vocabulary would be cheaper).
+* ``mtp``: DeepSeek-style multi-token prediction: one layer per depth (its own weights,
+  a ``2h -> h`` projection), ``gamma`` sequential passes over R tokens with the LM head.
+
+Drafter layers have the target's layer shape (MoE layers for an MoE target, as the
+production DSpark backbone of three MoE layers, sec. 5.1). Each pass attends over the
+context (or the drafter's window) and reads that KV cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from calibration.shapes import ModelShape
+
+if TYPE_CHECKING:
+    from calibration.roofline import Roofline
+
+DrafterKind = Literal["dspark", "dflash", "eagle3", "mtp"]
+DRAFT_KINDS: tuple[DrafterKind, ...] = ("dspark", "dflash", "eagle3", "mtp")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Shape of a drafter as far as cost goes.
+
+    ``num_layers`` per forward pass; ``parallel`` = all gamma positions in one pass;
+    ``markov_head`` = DSpark's sequential stage; ``feature_layers`` = target layers whose
+    hidden states are concatenated and projected to h (for ``mtp``: 2, the previous hidden
+    state and the token embedding); ``window_tokens`` = attention window over the context
+    (None: the full context).
+    """
+
+    kind: DrafterKind
+    num_layers: int
+    parallel: bool
+    markov_head: bool
+    feature_layers: int
+    window_tokens: int | None = None
+
+
+def default_drafters(shape: ModelShape) -> dict[str, DrafterSpec]:
+    """Paper defaults: 5 layers for DSpark/DFlash and 1 for Eagle3 (sec. 4.1); for an MoE target,
+    3 backbone layers with a 128-token sliding window (the production setting, sec. 5.1)."""
+    layers, window = (3, 128) if shape.is_moe else (5, None)
+    return {
+        "dspark": DrafterSpec("dspark", layers, parallel=True, markov_head=True, feature_layers=3,
+                              window_tokens=window),
+        "dflash": DrafterSpec("dflash", layers, parallel=True, markov_head=False, feature_layers=3,
+                              window_tokens=window),
+        "eagle3": DrafterSpec("eagle3", 1, parallel=False, markov_head=False, feature_layers=3),
+        "mtp": DrafterSpec("mtp", 1, parallel=False, markov_head=False, feature_layers=2),
+    }
+
+
+def _pass_s(roof: Roofline, spec: DrafterSpec, num_requests: int, tokens: int) -> float:
+    """One drafter forward over ``tokens`` tokens of ``num_requests`` requests, LM head included."""
+    s, a = roof.shape, roof.assume
+    graph = roof.graph_tokens(np.array([tokens]))
+    compute = roof.tile_tokens(graph).astype(np.float64)
+    context = a.context_tokens if spec.window_tokens is None else min(a.context_tokens, spec.window_tokens)
+    moe = s.is_moe
+    fc_params = spec.feature_layers * s.hidden_size * s.hidden_size
+    matmul = spec.num_layers * s.layer_active_params(moe) + fc_params + s.lm_head_params
+    attention = 4.0 * spec.num_layers * s.num_q_heads * s.head_dim * context
+    flops = compute * (2.0 * matmul + attention)
+    bytes_ = (spec.num_layers * roof.layer_weight_bytes(graph, moe)
+              + (fc_params + s.lm_head_params) * s.bytes_per_param
+              + tokens * s.vocab_size * 4.0  # fp32 logits written for sampling
+              + spec.num_layers * s.kv_elems_per_token_layer * 2.0 * context * num_requests)
+    step = roof.roofline_s(flops, bytes_) + a.draft_pass_overhead_s + roof.collectives_s(graph, spec.num_layers)
+    return float(step[0])
+
+
+def _markov_step_s(roof: Roofline, num_requests: int) -> float:
+    """One sequential Markov-head step: B = W1[x] W2 for R rows, add to the logits, sample."""
+    s, a = roof.shape, roof.assume
+    r, v = a.markov_rank, s.vocab_size
+    flops = 2.0 * num_requests * r * v
+    bytes_ = r * v * s.bytes_per_param + 2 * num_requests * v * 4.0  # W2, logits read + written
+    return float(roof.roofline_s(flops, bytes_)) + a.sequential_step_overhead_s
+
+
+def draft_latency_s(roof: Roofline, spec: DrafterSpec, num_requests: int, draft_tokens: int) -> float:
+    """Seconds the drafter needs to propose ``draft_tokens`` tokens for each of ``num_requests`` requests."""
+    if num_requests < 1 or draft_tokens < 1:
+        raise ValueError(f"num_requests and draft_tokens must be >= 1, got {num_requests}, {draft_tokens}")
+    if spec.parallel:
+        total = _pass_s(roof, spec, num_requests, num_requests * draft_tokens)
+        if spec.markov_head:
+            total += draft_tokens * _markov_step_s(roof, num_requests)
+        return total
+    return draft_tokens * _pass_s(roof, spec, num_requests, num_requests)

@@ -1,0 +1,146 @@
+"""Real speculative decoding with the torch models: draft -> policy -> verify -> rejection sampling -> bonus.
+
+One :meth:`SpeculativeDecoder.step` runs an engine step for every active request:
+
+1. the drafter proposes ``policy.draft_tokens(gamma)`` tokens per request from its
+   anchor (the last emitted token, not yet in the verifier's cache);
+2. the policy decides the verification lengths ``l_r`` from the confidences
+   (drafters without a confidence head report 1.0 everywhere);
+3. the verifier runs ONE flattened forward over ``[anchor, x_1..x_l]`` of every
+   request (variable lengths, different contexts);
+4. token-level verification (:func:`policies.speculative.verify_block`: accept with
+   ``min(1, p/q)``, residual at the first rejection, bonus otherwise) emits
+   ``accepted + 1`` tokens per request;
+5. the caches keep the anchor and the accepted tokens; the drafter receives their
+   target features; the last emitted token becomes the next anchor.
+
+Acceptance randomness comes from an injected ``np.random.Generator``, draft sampling
+from an injected ``torch.Generator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from calibration.drafters import Drafter, softmax_t
+from calibration.model import Verifier
+from policies.base import Decision, Policy
+from policies.speculative import verify_block
+from policies.step_memory import CostSource, PolicyMemory, check_decision, cost_for
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    decision: Decision
+    lengths: np.ndarray  # [R] verified draft tokens
+    accepted: np.ndarray  # [R] accepted draft tokens
+    emitted: tuple[tuple[int, ...], ...]  # per request: accepted tokens + correction/bonus
+
+
+def _as_numpy_rows(probs: torch.Tensor) -> np.ndarray:
+    rows = probs.double().cpu().numpy()
+    return rows / rows.sum(axis=-1, keepdims=True)
+
+
+class SpeculativeDecoder:
+    """A batch of requests decoded speculatively by ``verifier`` + ``drafter`` under ``policy``.
+
+    Request r lives in cache slot r. ``cost`` gives the policy its SPS curve (a
+    :class:`policies.base.CostCurve` or a function of the number of requests, e.g.
+    ``HardwareProfile.cost_curve``).
+    """
+
+    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource, gamma: int,
+                 temperature: float = 1.0) -> None:
+        if policy.needs_outcomes:
+            raise ValueError(f"policy {policy.name!r} reads true outcomes; it cannot drive a real decoder")
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {gamma}")
+        self.verifier, self.drafter, self.policy, self.cost = verifier, drafter, policy, cost
+        self.gamma, self.temperature = gamma, temperature
+        self.memory = PolicyMemory()
+        self.outputs: list[list[int]] = []
+        self.anchors: torch.Tensor | None = None
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.outputs)
+
+    @torch.inference_mode()
+    def start(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """Prefill every prompt but its last token (which becomes the first anchor).
+
+        The caches hold ``max_new_tokens`` steps of every request (each step stores at
+        most gamma + 1 tokens), so any request can run until all have that many tokens.
+        """
+        if not prompts or min(len(p) for p in prompts) < 2:
+            raise ValueError("need >= 1 prompt, each of >= 2 tokens (the last one is the first anchor)")
+        device = self.verifier.embed.weight.device
+        max_tokens = max(len(p) for p in prompts) + max_new_tokens * (self.gamma + 1)
+        self.cache = self.verifier.new_cache(len(prompts), max_tokens)
+        self.drafter.new_cache(len(prompts), max_tokens)
+        slots = list(range(len(prompts)))
+        counts = [len(p) - 1 for p in prompts]
+        tokens = torch.tensor([t for p in prompts for t in p[:-1]], device=device)
+        out = self.verifier(tokens, self.cache.batch(slots, counts), self.cache)
+        self.cache.commit(slots, counts)
+        self.drafter.extend_context(slots, self.drafter.features_of(out), counts)
+        self.anchors = torch.tensor([p[-1] for p in prompts], device=device)
+        self.outputs = [[] for _ in prompts]
+        self.memory = PolicyMemory()
+
+    @torch.inference_mode()
+    def step(self, rng: np.random.Generator, generator: torch.Generator) -> StepRecord:
+        if self.anchors is None:
+            raise RuntimeError("call start(prompts, max_new_tokens) first")
+        num_requests, device = self.num_requests, self.anchors.device
+        slots = torch.arange(num_requests)
+        num_draft = self.policy.draft_tokens(self.gamma)
+        if num_draft > 0:
+            draft = self.drafter.propose(self.anchors, slots, num_draft, generator, self.temperature)
+            draft_tokens = draft.tokens.cpu().numpy()  # [R, g]
+            q_rows = _as_numpy_rows(draft.probs)  # [R, g, V]
+            confidence = (np.ones((num_requests, num_draft)) if draft.confidence is None
+                          else draft.confidence.double().cpu().numpy())
+        else:
+            draft_tokens = np.zeros((num_requests, 0), dtype=np.int64)
+            q_rows, confidence = None, np.zeros((num_requests, 0))
+        ids = tuple(range(num_requests))
+        decision = self.policy.decide(self.memory.view(ids, confidence, cost_for(self.cost, num_requests)))
+        lengths = check_decision(self.policy, decision, num_requests, num_draft)
+
+        anchors = self.anchors.cpu().numpy()
+        flat = np.concatenate([np.concatenate(([anchors[r]], draft_tokens[r, :lengths[r]])) for r in ids])
+        query_lens = (1 + lengths).tolist()
+        out = self.verifier(torch.as_tensor(flat, device=device), self.cache.batch(slots, query_lens), self.cache)
+        p_rows = _as_numpy_rows(softmax_t(out.logits, self.temperature))  # [T, V]
+
+        starts = np.cumsum([0, *query_lens[:-1]])
+        accepted, emitted = np.zeros(num_requests, dtype=np.int64), []
+        for r in ids:
+            rows = p_rows[starts[r]:starts[r] + query_lens[r]]
+            q = q_rows[r] if q_rows is not None else np.zeros((0, rows.shape[1]))
+            outcome = verify_block(rows, q, [int(t) for t in draft_tokens[r, :lengths[r]]], rng)
+            accepted[r] = outcome.num_accepted
+            emitted.append(outcome.tokens)
+            self.outputs[r].extend(outcome.tokens)
+
+        kept = (accepted + 1).tolist()  # the anchor and the accepted draft tokens
+        keep_rows = torch.as_tensor(np.concatenate([starts[r] + np.arange(kept[r]) for r in ids]), device=device)
+        self.cache.commit(slots, kept)
+        self.drafter.extend_context(slots, self.drafter.features_of(out)[keep_rows], kept)
+        self.anchors = torch.tensor([e[-1] for e in emitted], device=device)
+        self.memory = self.memory.after(self.policy, ids, decision)
+        return StepRecord(decision, lengths, accepted, tuple(emitted))
+
+    def generate(self, prompts: Sequence[Sequence[int]], num_tokens: int, rng: np.random.Generator,
+                 generator: torch.Generator) -> list[list[int]]:
+        """Decode until every request has ``num_tokens`` output tokens; return the first ``num_tokens`` of each."""
+        self.start(prompts, num_tokens)
+        while min(len(o) for o in self.outputs) < num_tokens:
+            self.step(rng, generator)
+        return [o[:num_tokens] for o in self.outputs]

@@ -1,0 +1,81 @@
+"""``python -m experiments.bench``: simulator speed, printed as figures.
+
+Two measurements per (R, gamma):
+* engine steps per wall second: one decode engine with R long-running
+  requests (so R stays fixed), the whole SimPy loop included (acceptance
+  sampling, policy, bookkeeping);
+* scheduler microseconds per decision: ``policy.decide`` alone on a
+  random snapshot of R x gamma confidences.
+Pin the process to one core (``taskset -c 0``) for one-core figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from policies import make_policy
+from policies.base import StepView
+from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, load_profile
+from simulator.cluster import Cluster
+from traces.synthetic import LengthSpec, TrafficSpec
+
+# Requests that never finish during the benchmark: R stays constant.
+_LONG = LengthSpec(prompt_median_tokens=64, prompt_sigma=0.01, output_median_tokens=10**7, output_sigma=0.01)
+
+
+def engine_steps_per_s(policy_name: str, num_requests: int, gamma: int, hardware: str, num_steps: int) -> float:
+    policy = make_policy(policy_name)
+    traffic = TrafficSpec(arrival="closed", num_users=num_requests, max_output_tokens=10**8,
+                          lengths={d: _LONG for d in ("chat", "code", "math")})
+    spec = SimulationSpec(policy=policy, profile=load_profile(hardware), drafter=DrafterSpec("dspark", gamma),
+                          cluster=ClusterSpec(num_prefill_instances=num_requests,
+                                              limits=EngineLimits(num_requests, 10**12)),
+                          traffic=traffic, duration_s=1e12)  # stepped by hand below
+    cluster = Cluster(spec)
+    env, rows = cluster.env, cluster.steps.rows
+    while len(rows) < 20:  # warm up: every request admitted, caches filled
+        env.step()
+    start_rows, start = len(rows), time.perf_counter()
+    while len(rows) < start_rows + num_steps:
+        env.step()
+    elapsed = time.perf_counter() - start
+    assert all(r[3] == num_requests for r in rows[start_rows:]), "R changed during the benchmark"
+    return num_steps / elapsed
+
+
+def decision_us(policy_name: str, num_requests: int, gamma: int, hardware: str, repeats: int) -> float:
+    policy = make_policy(policy_name)
+    rng = np.random.default_rng(0)
+    profile = load_profile(hardware)
+    cost = profile.cost_curve(num_requests)
+    views = [StepView(confidence=rng.uniform(0.3, 1.0, (num_requests, gamma)), cost=cost,
+                      history=(rng.uniform(0.3, 1.0, (num_requests, gamma)),) * 2) for _ in range(8)]
+    start = time.perf_counter()
+    for i in range(repeats):
+        policy.decide(views[i % len(views)])
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--policy", default="dspark", help="policy name (default dspark)")
+    parser.add_argument("--hardware", default="h200_qwen3-8b_analytic", help="profile name or path")
+    parser.add_argument("--requests", default="32,128,256", help="comma-separated R values")
+    parser.add_argument("--gammas", default="5,7,16", help="comma-separated gamma values")
+    parser.add_argument("--steps", type=int, default=3000, help="engine steps timed per point")
+    parser.add_argument("--repeats", type=int, default=2000, help="policy decisions timed per point")
+    args = parser.parse_args()
+    print(f"policy {args.policy}, hardware {args.hardware}")
+    print(f"{'R':>5} {'gamma':>5} {'engine steps/s':>15} {'decide us':>10}")
+    for num_requests in (int(x) for x in args.requests.split(",")):
+        for gamma in (int(x) for x in args.gammas.split(",")):
+            steps = engine_steps_per_s(args.policy, num_requests, gamma, args.hardware, args.steps)
+            us = decision_us(args.policy, num_requests, gamma, args.hardware, args.repeats)
+            print(f"{num_requests:>5} {gamma:>5} {steps:>15,.0f} {us:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()

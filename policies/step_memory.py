@@ -1,0 +1,98 @@
+"""What an engine carries for a policy from one step to the next, and who shares a step.
+
+* *stale pools* - the ``Decision.pool`` of the last ``policy.history_steps`` steps,
+  oldest first, handed to the policy as ``StepView.history`` (``history[-1]`` is
+  one step old).
+* *EMA rows* - ``Decision.smoothed`` of the previous step, kept per request id and
+  handed back as ``StepView.smoothed``; a request without a row (new to the batch)
+  gets a row of NaN.
+
+Both the sampler (:mod:`policies.speculative`) and the exact checker
+(:mod:`policies.exact`) use this module, so they feed policies identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from policies.base import CostCurve, Decision, Policy, StepView
+
+CostSource = CostCurve | Callable[[int], CostCurve]  # one curve, or a curve per number of requests
+
+
+def cost_for(cost: CostSource, num_requests: int) -> CostCurve:
+    """The cost curve of a step with ``num_requests`` requests."""
+    curve = cost if isinstance(cost, CostCurve) else cost(num_requests)
+    if not isinstance(curve, CostCurve):
+        raise TypeError(f"cost: expected a CostCurve or a function returning one, got {type(curve).__name__}")
+    return curve
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    copy = np.array(array, dtype=np.float64)
+    copy.setflags(write=False)
+    return copy
+
+
+@dataclass(frozen=True)
+class PolicyMemory:
+    """Immutable step-to-step state of a policy: stale pools and EMA rows by request id."""
+
+    pools: tuple[np.ndarray, ...] = ()  # each [R_old, gamma], oldest first
+    smoothed: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))  # id -> [gamma]
+
+    def view(self, request_ids: Sequence[int], confidence: np.ndarray, cost: CostCurve) -> StepView:
+        """The StepView of a step whose rows are ``request_ids`` (in that order)."""
+        smoothed = None
+        if self.smoothed:
+            num_draft = confidence.shape[1]
+            wrong = sorted(r for r, row in self.smoothed.items() if row.shape != (num_draft,))
+            if wrong:
+                raise ValueError(f"EMA rows of requests {wrong} do not have {num_draft} entries (one per draft token)")
+            nan_row = np.full(num_draft, np.nan)
+            smoothed = np.array([self.smoothed.get(r, nan_row) for r in request_ids]).reshape(confidence.shape)
+        return StepView(confidence=confidence, cost=cost, history=self.pools, smoothed=smoothed)
+
+    def after(self, policy: Policy, request_ids: Sequence[int], decision: Decision) -> PolicyMemory:
+        """The memory for the next step once ``decision`` was taken for ``request_ids``."""
+        keep = policy.history_steps
+        pools = (self.pools + (_frozen(decision.pool),))[-keep:] if keep > 0 else ()
+        smoothed: Mapping[int, np.ndarray] = MappingProxyType({})
+        if decision.smoothed is not None:
+            rows = np.asarray(decision.smoothed)
+            smoothed = MappingProxyType({r: _frozen(rows[i]) for i, r in enumerate(request_ids)})
+        return PolicyMemory(pools, smoothed)
+
+    def key(self) -> tuple:
+        """A hashable value equal for equal memories (used to merge identical states)."""
+        pools = tuple((p.shape, p.tobytes()) for p in self.pools)
+        return pools, tuple(sorted((r, row.tobytes()) for r, row in self.smoothed.items()))
+
+
+def check_decision(policy: Policy, decision: Decision, num_requests: int, num_draft: int) -> np.ndarray:
+    """The decision's lengths as ints -> [R], after checking 0 <= l_r <= drafted tokens."""
+    lengths = np.asarray(decision.lengths)
+    if lengths.shape != (num_requests,):
+        raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > num_draft):
+        raise ValueError(f"policy {policy.name!r}: lengths must lie in 0..{num_draft} (tokens drafted), "
+                         f"got {lengths.tolist()}")
+    return lengths.astype(np.int64)
+
+
+def active_requests(step: int, num_output_tokens: Sequence[int], join_steps: Sequence[int],
+                    num_tokens: int, retire: bool) -> tuple[int, ...]:
+    """Ids of the requests sharing engine step ``step``.
+
+    Request r takes part from step ``join_steps[r]`` on; with ``retire`` it leaves
+    once it holds ``num_tokens`` output tokens.
+    """
+    if len(join_steps) != len(num_output_tokens):
+        raise ValueError(f"join_steps: expected one entry per request ({len(num_output_tokens)}), "
+                         f"got {len(join_steps)}")
+    return tuple(r for r, (joined, count) in enumerate(zip(join_steps, num_output_tokens, strict=True))
+                 if joined <= step and not (retire and count >= num_tokens))

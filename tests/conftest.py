@@ -1,0 +1,41 @@
+"""Shared fixtures: injected RNGs, cost curves and small simulation specs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.base import CostCurve
+from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, load_profile
+from traces.synthetic import TrafficSpec
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session")
+def default_profile():
+    return load_profile("h200_qwen3-8b_analytic")
+
+
+def curve(sps: list[float], start: int = 1) -> CostCurve:
+    """A cost curve with SPS given at batch tokens start, start + 1, ..."""
+    return CostCurve(batch_tokens=np.arange(start, start + len(sps)), steps_per_s=np.asarray(sps, dtype=float))
+
+
+@pytest.fixture
+def small_spec(default_profile):
+    """Factory for a short closed-loop simulation."""
+
+    def make(policy, **overrides) -> SimulationSpec:
+        params = dict(policy=policy, profile=default_profile, drafter=DrafterSpec("dspark", 5),
+                      cluster=ClusterSpec(num_prefill_instances=2, limits=EngineLimits(64, 600_000)),
+                      traffic=TrafficSpec(arrival="closed", num_users=16, domain_mix={"chat": 1.0},
+                                          max_output_tokens=256),
+                      duration_s=5.0, warmup_s=1.0, seed=7)
+        params.update(overrides)
+        return SimulationSpec(**params)
+
+    return make

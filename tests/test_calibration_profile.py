@@ -1,0 +1,60 @@
+"""The profiler's quick CPU run writes a profile the simulator loads; the comparison figure is written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from calibration.compare import main as compare_main
+from calibration.profile_gpu import batch_grid, split_tokens
+from simulator.profile import load_profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("profile") / "tiny_measured.json"
+    subprocess.run([sys.executable, "calibration/profile_gpu.py", "--preset", "tiny", "--drafters", "dspark,dflash",
+                    "--quick", "--no-progress", "--device", "cpu", "--out", str(out)],
+                   cwd=REPO, check=True, capture_output=True, text=True, timeout=120)
+    return out
+
+
+def test_quick_profile_loads_and_says_measured(measured: Path) -> None:
+    profile = load_profile(measured)
+    meta = profile.metadata
+    assert profile.source == "measured" and meta["model"] == "tiny" and meta["dtype"] == "float32"
+    assert meta["device"].startswith("cpu") and meta["torch"] and meta["config"]["repeats"] == 3
+    assert set(profile.draft) == {"dspark", "dflash"}
+    assert profile.max_batch_tokens == 64 and profile.verify_sps(1) > 0
+    assert profile.per_request_s is not None and profile.draft_s("dspark", 16, 8) > 0
+    assert profile.prefill_tokens_per_s > 0
+    curves = meta["verify_curves"]
+    assert set(curves) == {"0", "64"}  # one SPS curve per context length
+    assert curves["0"]["steps_per_s"] == profile.raw["verify"]["steps_per_s"]
+
+
+def test_comparison_figure_is_written(measured: Path, tmp_path: Path) -> None:
+    out = compare_main([str(measured), "h200_qwen3-8b_analytic", "--out", str(tmp_path / "cmp.png")])
+    assert out.stat().st_size > 10_000
+    assert json.loads(measured.read_text())["metadata"]["source"] == "measured"
+
+
+def test_grids_and_layout() -> None:
+    default = batch_grid(1024, "default")
+    assert default[:64] == list(range(1, 65))
+    assert {512, 513, 528, 529, 1024} <= set(default)  # CUDA-graph sizes and the point after each
+    assert batch_grid(100, "full") == list(range(1, 101))
+    assert split_tokens(19, 8) == [8, 8, 3]
+
+
+def test_help_documents_every_option() -> None:
+    text = subprocess.run([sys.executable, "-m", "calibration.profile_gpu", "--help"], cwd=REPO, check=True,
+                          capture_output=True, text=True).stdout
+    for option in ("--preset", "--drafters", "--out", "--quick", "--context-tokens", "--repeats", "--compile"):
+        assert option in text

@@ -1,0 +1,100 @@
+"""Real speculative decoding on random tiny weights is lossless: a Monte Carlo chi-square test.
+
+Thousands of requests share one engine batch (two prompts of different lengths, so
+verification is variable-length across contexts). The first two output tokens of
+each request must follow the verifier's own joint distribution p(y1) p(y2 | y1)
+at temperature 1, whatever the drafter proposes and the policy verifies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2
+
+from calibration.drafters import build_drafter
+from calibration.model import Verifier, build_verifier
+from calibration.shapes import get_shape
+from calibration.specdec import SpeculativeDecoder
+from policies import make_policy
+from policies.base import CostCurve
+
+FALSE_FAILURE_RATE = 1e-6
+PROMPTS = ((1, 2, 3), (4, 5, 6, 7, 0, 1))
+NUM_PER_PROMPT = 1500
+VOCAB = 8
+FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=VOCAB)
+    return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)
+
+
+def exact_first_two(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:
+    """p(y1, y2 | prompt) -> [V, V], from V + 1 plain forwards."""
+    with torch.inference_mode():
+        rows = []
+        for extra in [(), *((y,) for y in range(VOCAB))]:
+            tokens = torch.tensor(prompt + extra)
+            cache = model.new_cache(1, tokens.numel())
+            rows.append(torch.softmax(model(tokens, cache.batch([0], [tokens.numel()]), cache).logits[-1], -1))
+    p = torch.stack(rows).double().numpy()
+    return p[0][:, None] * p[1:]
+
+
+def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    """Statistic and critical value; cells expecting < 5 are pooled into one."""
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    return stat, float(chi2.isf(FALSE_FAILURE_RATE, obs.size - 1))
+
+
+@pytest.mark.parametrize("kind, policy, sharpen_confidence", [
+    # threshold reads c_2(x_1): admission of x_2 depends on the sampled x_1, never on x_2 itself
+    ("dspark", make_policy("threshold", theta=0.3), True),
+    ("dflash", make_policy("mtp3"), False),  # static: every drafted token verified
+])
+def test_first_two_tokens_follow_the_verifier(verifier: Verifier, kind: str, policy, sharpen_confidence: bool) -> None:
+    drafter = build_drafter(kind, verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    if sharpen_confidence:  # make c_k hinge on the Markov embedding W1[x_{k-1}], so l_r varies with x_1
+        with torch.no_grad():
+            drafter.confidence_head.weight[:, verifier.s.hidden_size:].mul_(100.0)
+    decoder = SpeculativeDecoder(verifier, drafter, policy, FLAT_COST, gamma=3)
+    prompts = [list(p) for p in PROMPTS for _ in range(NUM_PER_PROMPT)]
+    decoder.start(prompts, max_new_tokens=2)
+    first = decoder.step(np.random.default_rng(2024), torch.Generator().manual_seed(2024))
+    while min(len(o) for o in decoder.outputs) < 2:
+        decoder.step(np.random.default_rng(7), torch.Generator().manual_seed(7))
+
+    assert 0 < first.accepted.mean() < first.lengths.mean()  # both accepts and rejections happen
+    if sharpen_confidence:
+        assert len(set(first.lengths.tolist())) > 1  # the policy's decisions really vary
+    for i, prompt in enumerate(PROMPTS):
+        outs = np.array([o[:2] for o in decoder.outputs[i * NUM_PER_PROMPT:(i + 1) * NUM_PER_PROMPT]])
+        observed = np.zeros((VOCAB, VOCAB))
+        np.add.at(observed, (outs[:, 0], outs[:, 1]), 1)
+        stat, critical = chi_square(observed.ravel(), NUM_PER_PROMPT * exact_first_two(verifier, prompt).ravel())
+        assert stat < critical, f"prompt {prompt}: chi2 {stat:.1f} >= {critical:.1f}"
+
+
+def test_a_policy_reading_true_outcomes_is_refused(verifier: Verifier) -> None:
+    drafter = build_drafter("dflash", verifier, torch.Generator().manual_seed(5), num_layers=1)
+    with pytest.raises(ValueError, match="true outcomes"):
+        SpeculativeDecoder(verifier, drafter, make_policy("oracle"), FLAT_COST, gamma=3)

@@ -1,0 +1,86 @@
+"""Hardware profiles: loading, interpolation without extrapolation, errors that name file and field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from simulator.profile import ProfileError, builtin_profiles, load_profile, profile_from_dict
+
+
+@pytest.fixture(scope="module")
+def raw(default_profile):
+    return copy.deepcopy(default_profile.raw)
+
+
+def test_builtin_default_is_analytic_and_labelled(default_profile):
+    assert "h200_qwen3-8b_analytic" in builtin_profiles()
+    assert default_profile.source == "analytic"
+    assert "(analytic)" in default_profile.label
+    assert default_profile.max_batch_tokens >= 256 * 8  # 256 requests x (1 + 7 drafts)
+
+
+def test_interpolates_inside_and_refuses_outside(default_profile):
+    table = default_profile.verify_sps
+    x0, x1 = table.x[10], table.x[11]
+    mid = (x0 + x1) / 2
+    assert float(table(mid)) == pytest.approx((table.y[10] + table.y[11]) / 2)
+    with pytest.raises(ValueError, match="outside the profiled range"):
+        table(table.x[-1] + 1)
+    with pytest.raises(ValueError, match="outside the profiled range"):
+        default_profile.draft_s("dspark", 10**6, 5)
+
+
+def test_step_cost_adds_the_per_request_term(default_profile):
+    curve_r1 = default_profile.cost_curve(1)
+    curve_r100 = default_profile.cost_curve(100)
+    assert np.all(curve_r100.steps_per_s < curve_r1.steps_per_s)
+    assert default_profile.verify_s(100, 200) == pytest.approx(1.0 / float(curve_r100.sps(200)))
+
+
+def _write(tmp_path, data):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["verify"]["steps_per_s"].__setitem__(3, 0.0), r"verify\.steps_per_s\[3\]' must be > 0"),
+        (lambda d: d["verify"]["steps_per_s"].__setitem__(3, -2.0), r"verify\.steps_per_s\[3\]' must be > 0"),
+        (lambda d: d["verify"]["batch_tokens"].__setitem__(2, d["verify"]["batch_tokens"][1]),
+         r"verify\.batch_tokens' must be strictly increasing \(duplicate"),
+        (lambda d: d["verify"]["batch_tokens"].__setitem__(2, 0.5),
+         r"verify\.batch_tokens' must be strictly increasing \(unsorted"),
+        (lambda d: d["verify"].pop("steps_per_s"), r"missing field 'verify\.steps_per_s'"),
+        (lambda d: d["metadata"].pop("source"), r"missing field 'metadata\.source'"),
+        (lambda d: d["metadata"].__setitem__("source", "guessed"), r"metadata\.source' must be one of"),
+        (lambda d: d.__setitem__("version", 99), r"field 'version' must be 1"),
+        (lambda d: d["draft"]["dspark"]["latency_s"].pop(), r"draft\.dspark\.latency_s' must have one row"),
+        (lambda d: d["prefill"].__setitem__("tokens_per_s", "fast"), r"prefill\.tokens_per_s' must be a number"),
+    ],
+)
+def test_malformed_profiles_name_file_and_field(tmp_path, raw, mutate, message):
+    data = copy.deepcopy(raw)
+    mutate(data)
+    path = _write(tmp_path, data)
+    with pytest.raises(ProfileError, match=message) as err:
+        load_profile(path)
+    assert str(path) in str(err.value)
+
+
+def test_unknown_profile_lists_builtins():
+    with pytest.raises(FileNotFoundError, match="built-in profiles: .*h200_qwen3-8b_analytic"):
+        load_profile("no_such_profile")
+
+
+def test_round_trip(tmp_path, default_profile):
+    path = tmp_path / "copy.json"
+    default_profile.save(path)
+    again = load_profile(path)
+    np.testing.assert_array_equal(again.verify_sps.y, default_profile.verify_sps.y)
+    assert profile_from_dict(json.loads(path.read_text())).label == default_profile.label
