@@ -10,6 +10,7 @@ from policies import Policy, make_policy
 from simulator import ClusterSpec, ConfidenceSpec, DifficultySpec, DrafterSpec, EngineLimits, SimulationSpec
 from simulator.presets import DRAFTERS
 from simulator.profile import load_profile
+from traces import load_trace_workload
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
@@ -48,14 +49,12 @@ def build_cluster(cfg: DictConfig) -> ClusterSpec:
     return construct(ClusterSpec, {"limits": limits, **c}, "cluster")
 
 
-def build_traffic(cfg: DictConfig) -> TrafficSpec | Workload:
+def build_traffic(cfg: DictConfig, seed: int) -> TrafficSpec | Workload:
     t = _plain(cfg)
     t.pop("name", None)
     if t.get("arrival") == "trace":
-        from traces import load_trace_workload  # the trace readers
-
         t.pop("arrival")
-        return load_trace_workload(t.pop("trace"), **t)
+        return load_trace_workload(t.pop("trace"), format=t.pop("format", None), seed=seed, **t)
     return construct(TrafficSpec, t, "traffic")
 
 
@@ -65,7 +64,7 @@ def build_spec(cfg: DictConfig) -> SimulationSpec:
         profile=load_profile(cfg.hardware),
         drafter=build_drafter(cfg.drafter, cfg.acceptance),
         cluster=build_cluster(cfg.cluster),
-        traffic=build_traffic(cfg.traffic),
+        traffic=build_traffic(cfg.traffic, int(cfg.seed)),
         duration_s=cfg.duration_s,
         warmup_s=float(cfg.warmup_s),
         seed=int(cfg.seed),

@@ -67,7 +67,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, verified_length_count
     throughput = output_tokens / window_s if window_s > 0 else float("nan")
     return {
         "window_s": window_s,
-        "num_requests_arrived": int(len(requests)),
+        "num_requests_arrived": int((requests["arrival_at"] <= end_at).sum()),
         "num_requests_finished": int(len(done)),
         "num_steps": int(len(in_window)),
         "output_tokens": output_tokens,

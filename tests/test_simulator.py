@@ -172,3 +172,16 @@ def test_drafter_kinds_change_acceptance(small_spec):
         s = simulate(small_spec(make_policy("mtp5"), drafter=DrafterSpec(kind, 5))).summary
         taus[kind] = s["mean_acceptance_length"]
     assert taus["dspark"] > taus["eagle3"]
+
+
+@pytest.mark.parametrize("sample", ["azure_code", "mooncake_conversation"])
+def test_trace_replay_keeps_every_request(small_spec, sample):
+    from traces import load_trace_workload
+
+    workload = load_trace_workload(sample, max_requests=150)
+    spec = small_spec(make_policy("dspark"), traffic=workload, duration_s=None, warmup_s=0.0,
+                      cluster=ClusterSpec(num_prefill_instances=8, limits=EngineLimits(64, 10**7)))
+    req = simulate(spec).requests
+    assert len(req) == 150 and req["finished_at"].notna().all()
+    np.testing.assert_array_equal(req["output_tokens"], workload.output_tokens)
+    np.testing.assert_allclose(req["arrival_at"], workload.arrival_at)
