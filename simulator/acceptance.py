@@ -34,8 +34,10 @@ from scipy.special import ndtr, ndtri
 from simulator.presets import preset
 from traces.workload import DOMAINS
 
-_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(40)  # probabilists' Hermite: N(0, 1)
+_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(24)  # probabilists' Hermite: N(0, 1)
 _WEIGHTS = _WEIGHTS / _WEIGHTS.sum()
+_FIT_POSITIONS = 7  # the paper's protocol: gamma = 7, every draft verified
+_FIT_ROUNDS = 8  # fixed-point rounds for the step weighting (converges to < 1e-6 in tau)
 _GRID_HALF_WIDTH = 8.0  # lookup grid spans +-8 standard deviations of O
 _GRID_POINTS = 801
 
@@ -48,10 +50,6 @@ class DifficultySpec:
     step_spread: float = 0.6
     position_spread: float = 1.5
 
-    @property
-    def step_sd(self) -> float:
-        """Standard deviation of d[r, t] across all steps."""
-        return float(np.hypot(self.request_spread, self.step_spread))
 
 
 @dataclass(frozen=True)
@@ -73,22 +71,46 @@ def _normal_pdf(x: np.ndarray, sd: float) -> np.ndarray:
     return np.exp(-0.5 * (x / sd) ** 2) / (sd * np.sqrt(2.0 * np.pi))
 
 
-def _survivor_weights(d: np.ndarray, mus: np.ndarray, position_spread: float) -> np.ndarray:
-    """Quadrature weights over d for steps that survived positions with ``mus``."""
+def _survivor_weights(d: np.ndarray, w: np.ndarray, mus: np.ndarray, position_spread: float) -> np.ndarray:
+    """Weights over the d nodes for steps that survived positions with means ``mus``."""
     scale = np.sqrt(1.0 + position_spread**2)
-    weights = _WEIGHTS * np.prod(ndtr((mus[:, None] + d[None, :]) / scale), axis=0)
+    weights = w * np.prod(ndtr((mus[:, None] + d[None, :]) / scale), axis=0)
     return weights / weights.sum()
 
 
-def _solve_means(q: np.ndarray, difficulty: DifficultySpec) -> np.ndarray:
+def _solve_means(q: np.ndarray, d: np.ndarray, w: np.ndarray, position_spread: float) -> np.ndarray:
     """mu_k such that the conditional acceptance at every position equals q_k."""
-    d = _NODES * difficulty.step_sd
-    scale = np.sqrt(1.0 + difficulty.position_spread**2)
+    scale = np.sqrt(1.0 + position_spread**2)
     mus = np.empty(q.size)
     for k in range(q.size):
-        w = _survivor_weights(d, mus[:k], difficulty.position_spread)
-        mus[k] = brentq(lambda m, w=w, target=q[k]: float(w @ ndtr((m + d) / scale)) - target, -20.0, 20.0)
+        wk = _survivor_weights(d, w, mus[:k], position_spread)
+        mus[k] = brentq(lambda m, wk=wk, target=q[k]: float(wk @ ndtr((m + d) / scale)) - target, -20.0, 20.0)
     return mus
+
+
+def _fit_step_population(q: np.ndarray, difficulty: DifficultySpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Solve mu_k for the population of *steps*, not of requests.
+
+    Each request emits its output in about L / tau_r steps, so hard requests
+    (persistent low z_r) contribute more steps than easy ones; the paper's
+    per-round averages are over steps. The d nodes are a product grid over
+    (z_r, zeta); the step weight of a request is 1 / tau(z_r) under the fitting
+    protocol (gamma = 7, all verified), found by fixed-point iteration.
+    Returns (mu [gamma], d nodes, step weights of the nodes).
+    """
+    d = (difficulty.request_spread * _NODES[:, None] + difficulty.step_spread * _NODES[None, :]).ravel()
+    w_requests = (_WEIGHTS[:, None] * _WEIGHTS[None, :]).ravel()
+    scale = np.sqrt(1.0 + difficulty.position_spread**2)
+    step_weight = np.ones(_NODES.size)  # per z node
+    for _ in range(_FIT_ROUNDS):
+        w = w_requests * np.repeat(step_weight, _NODES.size)
+        w /= w.sum()
+        mus = _solve_means(q, d, w, difficulty.position_spread)
+        survive = np.cumprod(ndtr((mus[:_FIT_POSITIONS, None] + d[None, :]) / scale), axis=0)
+        tau_nodes = 1.0 + survive.sum(axis=0)  # [nodes]
+        tau_z = (tau_nodes * w_requests).reshape(_NODES.size, _NODES.size).sum(axis=1) / _WEIGHTS
+        step_weight = 1.0 / tau_z
+    return mus, d, w
 
 
 def _grid_tables(mu: float, w: np.ndarray, d: np.ndarray, position_spread: float,
@@ -124,17 +146,18 @@ class _PositionTables:
 
 @lru_cache(maxsize=64)
 def _build_tables(drafter: str, gamma: int, difficulty: DifficultySpec, conf: ConfidenceSpec) -> _PositionTables:
-    d = _NODES * difficulty.step_sd
     shape = (len(DOMAINS), gamma)
     mu, noise = np.zeros(shape), np.zeros(shape)
     lo, step = np.zeros(shape), np.zeros(shape)
     table = np.zeros((*shape, _GRID_POINTS))
     for i, domain in enumerate(DOMAINS):
-        mu[i] = _solve_means(preset(drafter, domain).conditional(gamma), difficulty)
+        q = preset(drafter, domain).conditional(max(gamma, _FIT_POSITIONS))
+        mus, d, w_steps = _fit_step_population(q, difficulty)
+        mu[i] = mus[:gamma]
         for k in range(gamma):
-            w = _survivor_weights(d, mu[i, :k], difficulty.position_spread)
+            w = _survivor_weights(d, w_steps, mu[i, :k], difficulty.position_spread)
 
-            def auc_gap(log_noise: float, mu_k: float = mu[i, k], w: np.ndarray = w) -> float:
+            def auc_gap(log_noise: float, mu_k: float = mu[i, k], w: np.ndarray = w, d: np.ndarray = d) -> float:
                 return _auc(*_grid_tables(mu_k, w, d, difficulty.position_spread, np.exp(log_noise))[1:]) - conf.auc
 
             best = auc_gap(-12.0) + conf.auc
