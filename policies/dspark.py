@@ -42,7 +42,8 @@ class DSpark(PolicyTraits):
     K by a full search over the current pool, which is ``global_sync`` again and
     LOSSY; it exists only so users can measure what it would gain.
     ``ema_decay``: smooth confidences over steps before ranking (None = off).
-    Until enough history exists (an engine's first steps) K is 0.
+    Until enough history exists (an engine's first steps) K is 0. The search
+    prices the old pool with the current step's cost curve: K sizes this step.
     """
 
     staleness_steps: int = 2

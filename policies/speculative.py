@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from policies.base import CostCurve, Decision, Policy
+from policies.base import Decision, Policy
 from policies.step_memory import CostSource, PolicyMemory, active_requests, check_decision, cost_for
 
 Prefix = tuple[int, ...]
@@ -154,8 +154,8 @@ def verify_block(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens
     for k, token in enumerate(draft_tokens):
         if rng.random() >= accept_prob(target_probs[k, token], draft_probs[k, token]):
             correction = sample_token(residual(target_probs[k], draft_probs[k]), rng)
-            return BlockOutcome(k, tuple(draft_tokens[:k]) + (correction,))
-    return BlockOutcome(length, tuple(draft_tokens) + (sample_token(target_probs[length], rng),))
+            return BlockOutcome(k, tuple(int(t) for t in draft_tokens[:k]) + (correction,))
+    return BlockOutcome(length, tuple(int(t) for t in draft_tokens) + (sample_token(target_probs[length], rng),))
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,9 @@ def generate(models: Sequence[TokenModels], prompts: Sequence[Prefix], policy: P
     tokens. The policy's memory (stale pools, EMA rows) is carried as an engine does,
     starting from ``memory`` (default empty: a fresh engine).
     """
+    if len(models) != len(prompts) or not prompts or num_tokens < 1:
+        raise ValueError(f"generate: expected one model per prompt (>= 1) and num_tokens >= 1, got "
+                         f"{len(models)} models, {len(prompts)} prompts, num_tokens={num_tokens}")
     joins = tuple(join_steps) if join_steps is not None else (0,) * len(prompts)
     outputs: list[Prefix] = [() for _ in prompts]
     memory = memory if memory is not None else PolicyMemory()
@@ -224,7 +227,7 @@ def generate(models: Sequence[TokenModels], prompts: Sequence[Prefix], policy: P
 
 
 __all__ = [
-    "BlockOutcome", "CostCurve", "DraftBlock", "PolicyMemory", "Prefix", "StepResult", "TokenModels",
+    "BlockOutcome", "DraftBlock", "PolicyMemory", "Prefix", "StepResult", "TokenModels",
     "accept_prob", "acceptance_rate", "draft_block", "generate", "residual", "sample_token",
     "speculative_step", "stack_rows", "target_rows", "verify_block",
 ]
