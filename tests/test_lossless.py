@@ -33,7 +33,11 @@ from tests.lossless_strategies import (
 )
 
 EXAMPLES = 200  # per policy family
-COVERAGE_EXAMPLES = 100  # for the checks that the worlds are hard enough
+# For the checks that the worlds are hard enough. The example set Hypothesis
+# generates differs between processes (e.g. with what was imported before), so
+# the shares are estimated on enough worlds to sit well clear of their bounds:
+# measured 0.30-0.33 (dspark), 0.50-0.54 (greedy), 0.07-0.11 (look-ahead caught).
+COVERAGE_EXAMPLES = 400
 
 
 @sized(EXAMPLES)
