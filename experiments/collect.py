@@ -1,0 +1,232 @@
+"""``python -m experiments.collect <multirun dir> [--baseline mtp1] [--sla 80,120] [--out DIR]``.
+
+Collects a Hydra multirun of ``experiments.run`` (one ``summary.json`` per job
+subdirectory, next to ``.hydra/overrides.yaml`` and ``.hydra/config.yaml``)
+into one table and draws the sweep's figures. Writes into ``--out`` (default
+``<multirun dir>/collected``):
+
+* ``sweep.csv`` / ``sweep.parquet``: one row per job (summary, load, overrides);
+
+when the sweep runs policies at several loads on one setup (traffic, hardware,
+number of replicas):
+
+* ``frontier.csv`` and ``frontier.png|svg``: each policy's points and Pareto
+  envelope (tok/s/GPU vs tok/s/user) with the SLA lines;
+* ``sla_table.md|csv|png|svg`` and ``matched_throughput.csv``: throughput at
+  each SLA and per-user speed at matched throughput against the baseline
+  (when the baseline is in the sweep);
+* ``load.png|svg``: throughput and verification budget vs concurrency;
+
+and when it runs ``policy=threshold`` at several ``policy.theta``:
+
+* ``threshold.png|svg``: accepted/rejected draft tokens and acceptance rate
+  per threshold and traffic.
+
+This module is the I/O edge; tables and figures come from pure functions in
+``experiments.sweep_table``, ``experiments.frontier`` and ``experiments.plots``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
+from omegaconf import OmegaConf
+
+from experiments.frontier import (
+    SLA_HEADER,
+    SLA_NOTE,
+    THROUGHPUT,
+    USER_SPEED,
+    matched_throughput,
+    pareto_frontier,
+    sla_markdown,
+    sla_rows,
+    sla_table,
+)
+from experiments.plots import frontier_figure, load_figure, table_figure, threshold_figure
+from experiments.sweep_table import sweep_frame, sweep_row
+
+DEFAULT_BASELINE = "mtp1"
+DEFAULT_SLAS = "80,120"  # the paper's V4-Flash anchors (tok/s/user)
+# What must be the same for every job before per-policy frontiers mean anything.
+SETUP_COLUMNS = ("traffic_name", "hardware", "num_decode_engines")
+REPO = Path(__file__).resolve().parents[1]
+
+
+class SweepError(ValueError):
+    """A multirun directory is missing what ``collect`` needs; the message names the path."""
+
+
+def git_revision(repo: Path = REPO) -> str:
+    """``git rev-parse --short HEAD`` of the code, or 'unknown' outside a repository."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "unknown"
+
+
+def _read_yaml(path: Path, job: Path) -> object:
+    if not path.is_file():
+        raise SweepError(f"{job}: has summary.json but no {path.relative_to(job)}; expected a job directory "
+                         "of a Hydra multirun (python -m experiments.run -m ...)")
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:  # omegaconf raises several error types for bad YAML or interpolations
+        raise SweepError(f"{path}: cannot read it as a resolved Hydra config ({err})") from err
+
+
+def read_job(job: Path, root: Path) -> dict:
+    """The table row of one job directory."""
+    summary_path = job / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError as err:
+        raise SweepError(f"{summary_path}: not valid JSON ({err})") from err
+    for key in ("policy", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user", "num_decode_gpus"):
+        if key not in summary:
+            raise SweepError(f"{summary_path}: missing field {key!r}; expected a summary written by experiments.run")
+    overrides = _read_yaml(job / ".hydra" / "overrides.yaml", job)
+    config = _read_yaml(job / ".hydra" / "config.yaml", job)
+    steps_path = job / "steps.parquet"
+    steps = pd.read_parquet(steps_path) if steps_path.is_file() else None
+    return sweep_row(str(job.relative_to(root)), summary, config, list(overrides), steps)  # type: ignore[arg-type]
+
+
+def load_sweep(root: Path, allow_missing: bool = False) -> pd.DataFrame:
+    """The sweep table of a multirun directory; errors name what is missing."""
+    if not root.is_dir():
+        raise SweepError(f"{root}: no such directory; expected a Hydra multirun directory "
+                         "(hydra.sweep.dir of python -m experiments.run -m ...)")
+    jobs = sorted(p.parent for p in root.rglob("summary.json"))
+    if not jobs:
+        raise SweepError(f"{root}: no summary.json found; expected a Hydra multirun directory whose job "
+                         "subdirectories (0/, 1/, ...) each hold the summary.json that experiments.run writes")
+    started = {p.parent.parent for p in root.rglob(".hydra/overrides.yaml")}
+    missing = sorted(started - set(jobs))
+    if missing and not allow_missing:
+        names = ", ".join(str(p.relative_to(root)) for p in missing[:10])
+        raise SweepError(f"{root}: {len(missing)} job(s) have no summary.json (failed or still running?): {names}; "
+                         "pass --allow-missing to collect the others")
+    return sweep_frame([read_job(job, root) for job in jobs])
+
+
+def _save(fig: Figure, out: Path, name: str) -> list[Path]:
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    fig.savefig(paths[0], dpi=150)
+    # No timestamp and fixed element ids: the same sweep gives the same file.
+    with matplotlib.rc_context({"svg.hashsalt": "specsched"}):
+        fig.savefig(paths[1], metadata={"Date": None})
+    return paths
+
+
+def _parse_slas(text: str) -> list[float]:
+    try:
+        slas = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise SweepError(f"--sla: expected comma-separated tok/s/user values such as 80,120, got {text!r}") from err
+    if not slas or any(s <= 0 for s in slas):
+        raise SweepError(f"--sla: expected positive tok/s/user values such as 80,120, got {text!r}")
+    return slas
+
+
+def _not_a_load_sweep(sweep: pd.DataFrame) -> str | None:
+    """Why the sweep has no per-policy frontier (None when it has one)."""
+    for column in SETUP_COLUMNS:
+        values = sorted(map(str, sweep[column].dropna().unique()))
+        if len(values) > 1:
+            return (f"the sweep mixes {column} ({', '.join(values)}) and a frontier needs one setup; "
+                    "collect each setup's jobs separately")
+    if not (sweep.groupby("policy_label")["offered_load"].nunique() > 1).any():
+        return "no policy was run at more than one load"
+    return None
+
+
+def _frontiers(sweep: pd.DataFrame, labels: list[str], out: Path, baseline: str | None, slas: list[float],
+               revision: str, report: list[str]) -> list[Path]:
+    """Frontier table and figure, SLA table (when the baseline is in the sweep) and load figure."""
+    written = [out / "frontier.csv"]
+    frontier = pd.concat([pareto_frontier(sweep[sweep["policy_label"] == name]) for name in labels])
+    frontier[["policy_label", "offered_load", USER_SPEED, THROUGHPUT, "verification_budget_per_request",
+              "job"]].to_csv(written[0], index=False)
+    written += _save(frontier_figure(sweep, slas, revision), out, "frontier")
+    chosen = baseline or DEFAULT_BASELINE
+    if chosen in labels:
+        table, matched = sla_table(sweep, chosen, slas), matched_throughput(sweep, chosen)
+        text = sla_markdown(table, matched, chosen)
+        (out / "sla_table.md").write_text(text)
+        table.to_csv(out / "sla_table.csv", index=False)
+        matched.to_csv(out / "matched_throughput.csv", index=False)
+        written += [out / "sla_table.md", out / "sla_table.csv", out / "matched_throughput.csv"]
+        figure = table_figure(sla_rows(table), SLA_HEADER, f"SLA table against {chosen}", SLA_NOTE, sweep, revision)
+        written += _save(figure, out, "sla_table")
+        report.append(text)
+    elif baseline is not None:
+        raise SweepError(f"--baseline {baseline!r} is not in the sweep; policies found: {', '.join(labels)}")
+    else:
+        report.append(f"no SLA table: the sweep has no {DEFAULT_BASELINE} runs (pass --baseline NAME)")
+    written += _save(load_figure(sweep, revision), out, "load")
+    return written
+
+
+def collect(root: Path, out: Path, baseline: str | None = None, slas: list[float] | None = None,
+            allow_missing: bool = False) -> tuple[list[Path], str]:
+    """Write the table and figures of the sweep in ``root`` into ``out``; returns the paths and a report.
+
+    ``baseline=None`` uses mtp1 when the sweep has it and skips the SLA table otherwise;
+    a baseline given by name must be in the sweep.
+    """
+    slas = slas if slas is not None else _parse_slas(DEFAULT_SLAS)
+    sweep = load_sweep(root, allow_missing)
+    revision = git_revision()
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "sweep.csv", out / "sweep.parquet"]
+    sweep.to_csv(written[0], index=False)
+    sweep.to_parquet(written[1], index=False)
+    labels = list(dict.fromkeys(sweep["policy_label"]))
+    report = [f"{len(sweep)} jobs, policies: {', '.join(labels)}"]
+    problem = _not_a_load_sweep(sweep)
+    if problem is not None:
+        if baseline is not None:
+            raise SweepError(f"--baseline {baseline!r}: no frontiers to compare, {problem}")
+        report.append(f"no frontier, SLA table or load figure: {problem}")
+    else:
+        written += _frontiers(sweep, labels, out, baseline, slas, revision, report)
+    thresholds = sweep[sweep["policy"] == "threshold"]
+    if thresholds["policy_params"].nunique() > 1:
+        written += _save(threshold_figure(sweep, revision), out, "threshold")
+    return written, "\n".join(report)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m experiments.collect", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_dir", type=Path, help="Hydra multirun directory (hydra.sweep.dir)")
+    parser.add_argument("--baseline", default=None,
+                        help=f"policy label to compare against (default: {DEFAULT_BASELINE} when present)")
+    parser.add_argument("--sla", default=DEFAULT_SLAS,
+                        help="comma-separated per-user speed SLAs in tok/s/user (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=None, help="output directory (default: <sweep_dir>/collected)")
+    parser.add_argument("--allow-missing", action="store_true",
+                        help="collect even when some jobs wrote no summary.json")
+    args = parser.parse_args(argv)
+    try:
+        written, report = collect(args.sweep_dir, args.out or args.sweep_dir / "collected", args.baseline,
+                                  _parse_slas(args.sla), args.allow_missing)
+    except SweepError as err:
+        parser.exit(2, f"error: {err}\n")
+    print(report)
+    print("wrote:")
+    for path in written:
+        print(f"  {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Figures of a sweep (pure: DataFrames in, matplotlib Figures out; the caller saves them).
+
+Every figure carries, in its lower-right corner, the hardware profile it was
+simulated on (its label says "measured" or "analytic") and the code revision.
+"""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+from experiments.frontier import THROUGHPUT, USER_SPEED, pareto_frontier
+
+BUDGET = "verification_budget_per_request"
+CONCURRENCY = "mean_num_requests"
+
+
+def provenance(sweep: pd.DataFrame, revision: str) -> str:
+    """'profile: <label> | rev <revision>'; the label names the source (measured/analytic), added when it does not."""
+    pairs = sweep[["profile", "profile_source"]].drop_duplicates().itertuples(index=False)
+    profiles = "; ".join(label if f"({source})" in label else f"{label} ({source})" for label, source in pairs)
+    return f"profile: {profiles} | rev {revision}"
+
+
+def _stamp(fig: Figure, text: str) -> None:
+    """Provenance in the lower-right corner, in a strip the layout keeps free."""
+    fig.get_layout_engine().set(rect=(0.0, 0.035, 1.0, 0.965))
+    fig.text(0.995, 0.005, text, ha="right", va="bottom", fontsize=7, color="0.3")
+
+
+def _colors(labels: list[str]) -> dict[str, tuple]:
+    palette = matplotlib.colormaps["tab10"]
+    return {label: palette(i % 10) for i, label in enumerate(labels)}
+
+
+def _log_x_if_wide(ax: Axes, values: pd.Series, min_ratio: float) -> None:
+    """Log x scale with plain-number ticks when the positive ``values`` span at least ``min_ratio``."""
+    clean = values[values > 0].dropna()
+    if len(clean) and clean.max() / clean.min() >= min_ratio:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def frontier_figure(sweep: pd.DataFrame, slas_tok_s_user: list[float], revision: str,
+                    label: str = "policy_label") -> Figure:
+    """Throughput (tok/s/GPU) against per-user speed (tok/s/user): every point and each policy's Pareto envelope."""
+    fig = Figure(figsize=(8.0, 5.5), layout="constrained")
+    ax = fig.add_subplot()
+    labels = list(dict.fromkeys(sweep[label]))
+    colors = _colors(labels)
+    for name in labels:
+        points = sweep[sweep[label] == name]
+        ax.scatter(points[USER_SPEED], points[THROUGHPUT], s=14, alpha=0.45, color=colors[name])
+        front = pareto_frontier(points)
+        ax.plot(front[USER_SPEED], front[THROUGHPUT], "-", lw=2, color=colors[name], label=f"{name} (frontier)")
+    for i, sla in enumerate(sorted(slas_tok_s_user)):
+        ax.axvline(sla, ls="--", lw=1, color="0.4")
+        ax.annotate(f"SLA {sla:g} tok/s/user", (sla, 0.99 - 0.2 * (i % 3)), xycoords=("data", "axes fraction"),
+                    rotation=90, va="top", ha="right", fontsize=8, color="0.3")
+    _log_x_if_wide(ax, sweep[USER_SPEED], 5.0)
+    ax.set_xlabel("per-user speed (tok/s/user, mean over finished requests)")
+    ax.set_ylabel("aggregate output throughput (tok/s/GPU, decode GPUs)")
+    ax.set_title("Throughput vs per-user speed: points and Pareto frontier per policy")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    _stamp(fig, provenance(sweep, revision))
+    return fig
+
+
+def load_figure(sweep: pd.DataFrame, revision: str, label: str = "policy_label") -> Figure:
+    """Throughput and mean verification budget per request against concurrency (the paper's Figure 8)."""
+    fig = Figure(figsize=(8.0, 7.0), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    labels = list(dict.fromkeys(sweep[label]))
+    colors = _colors(labels)
+    for name in labels:
+        rows = sweep[sweep[label] == name]
+        mean = rows.groupby("offered_load")[[CONCURRENCY, THROUGHPUT, BUDGET]].mean().sort_values(CONCURRENCY)
+        top.plot(mean[CONCURRENCY], mean[THROUGHPUT], "o-", ms=3, color=colors[name], label=name)
+        bottom.plot(mean[CONCURRENCY], mean[BUDGET], "o-", ms=3, color=colors[name], label=name)
+    gpus = sorted(set(sweep["gpus_per_replica"]))
+    per = f"{gpus[0]} GPU{'s' if gpus[0] > 1 else ''} per replica" if len(gpus) == 1 else "GPUs per replica vary"
+    _log_x_if_wide(bottom, sweep[CONCURRENCY], 16.0)
+    if len(gpus) == 1 and gpus[0] > 1:
+        g = float(gpus[0])
+        per_gpu = top.secondary_xaxis("top", functions=(lambda x: x / g, lambda x: x * g))
+        per_gpu.set_xlabel("concurrent requests per GPU")
+        per_gpu.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    top.set_ylabel("throughput (tok/s/GPU)")
+    top.set_ylim(bottom=0)
+    top.set_title(f"Throughput and verification budget vs concurrency ({per})")
+    top.legend(fontsize=8, loc="best")
+    bottom.set_ylabel("verification budget\n(target tokens per request per step)")
+    bottom.set_xlabel("concurrent requests per replica (mean over decode steps)")
+    bottom.set_ylim(bottom=0)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    _stamp(fig, provenance(sweep, revision))
+    return fig
+
+
+def threshold_figure(sweep: pd.DataFrame, revision: str) -> Figure:
+    """Accepted and rejected draft tokens per request-step (bars) and acceptance rate (line) vs theta (Figure 5).
+
+    One panel per traffic name; uses the rows of the ``threshold`` policy.
+    """
+    rows = sweep[sweep["policy"] == "threshold"].copy()
+    if rows.empty:
+        raise ValueError("threshold figure: the sweep has no rows of policy 'threshold'")
+    rows["theta"] = [float(json.loads(params)["theta"]) for params in rows["policy_params"]]
+    traffics = list(dict.fromkeys(rows["traffic_name"]))
+    fig = Figure(figsize=(4.0 * len(traffics) + 1.0, 4.5), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(traffics), sharey=True))
+    rate_axes = []
+    cols = ["accepted_draft_tokens_per_request_step", "rejected_draft_tokens_per_request_step",
+            "draft_acceptance_rate"]
+    for ax, traffic in zip(axes, traffics, strict=True):
+        data = rows[rows["traffic_name"] == traffic].groupby("theta")[cols].mean().sort_index()
+        pos = np.arange(len(data))
+        ax.bar(pos, data[cols[0]], color="tab:blue", label="accepted draft tokens")
+        ax.bar(pos, data[cols[1]], bottom=data[cols[0]], color="white", edgecolor="tab:red", hatch="//",
+               label="rejected draft tokens")
+        ax.set_xticks(pos, [f"{t:g}" for t in data.index])
+        ax.set_xlabel("confidence threshold theta")
+        ax.set_title(f"traffic: {traffic}")
+        rate = ax.twinx()
+        rate_axes.append(rate)
+        rate.plot(pos, 100 * data[cols[2]], "ko-", ms=4, label="acceptance rate")
+        rate.set_ylim(0, 105)
+        for p, value in zip(pos, 100 * data[cols[2]], strict=True):
+            rate.annotate(f"{value:.1f}%", (p, value), textcoords="offset points", xytext=(0, 5), ha="center",
+                          fontsize=7)
+        if ax is axes[-1]:
+            rate.set_ylabel("draft acceptance rate (%)")
+        else:
+            rate.set_yticklabels([])
+    axes[0].set_ylabel("draft tokens verified per request per step")
+    handles = axes[0].get_legend_handles_labels()[0] + rate_axes[0].get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
+    fig.suptitle("Confidence threshold sweep: verified draft tokens and acceptance rate")
+    _stamp(fig, provenance(rows, revision))
+    return fig
+
+
+def table_figure(rows: list[list[str]], header: list[str], title: str, note: str, sweep: pd.DataFrame,
+                 revision: str) -> Figure:
+    """A table of text cells rendered as a figure (the SLA table), with a note under it."""
+    fig = Figure(figsize=(11.0, 0.3 * (len(rows) + 5)), layout="constrained")
+    ax = fig.add_subplot()
+    ax.axis("off")
+    table = ax.table(cellText=rows, colLabels=header, loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.auto_set_column_width(list(range(len(header))))
+    fig.suptitle(title, fontsize=10)
+    ax.set_title(note, fontsize=7)
+    _stamp(fig, provenance(sweep, revision))
+    return fig
