@@ -4,7 +4,11 @@
 * :mod:`calibration.roofline` / :mod:`calibration.drafter_cost` - analytic profiles (``source: analytic``);
 * :mod:`calibration.model` / :mod:`calibration.drafters` - the torch verifier and drafters (random weights);
 * :mod:`calibration.specdec` - real speculative decoding with those models and a policy;
-* :mod:`calibration.profile_gpu` - measured profiles (``source: measured``); :mod:`calibration.compare` plots both.
+* :mod:`calibration.profile_gpu` - measured profiles (``source: measured``); :mod:`calibration.compare` plots both;
+* :mod:`calibration.corpora` / :mod:`calibration.train` / :mod:`calibration.checkpoints` - a byte-level target and
+  the four drafters trained on CPU (``docs/acceptance_logs.md``);
+* :mod:`calibration.acceptance_log` (log format, torch-free), :mod:`calibration.evaluate` (measure the trained
+  drafters, write a log) and :mod:`calibration.sts` (sequential temperature scaling, numpy).
 
 Torch is imported only by the torch modules; the roofline needs numpy alone.
 """

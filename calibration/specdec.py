@@ -35,10 +35,15 @@ from policies.step_memory import CostSource, PolicyMemory, check_decision, cost_
 
 @dataclass(frozen=True)
 class StepRecord:
+    """One step's outcome; the last three fields feed :mod:`calibration.acceptance_log`."""
+
     decision: Decision
     lengths: np.ndarray  # [R] verified draft tokens
     accepted: np.ndarray  # [R] accepted draft tokens
     emitted: tuple[tuple[int, ...], ...]  # per request: accepted tokens + correction/bonus
+    confidence: np.ndarray | None = None  # [R, g] confidence head output c_k; None without a head
+    draft_prob: np.ndarray | None = None  # [R, g] q_k(x_k), the drafter's probability of its own token
+    analytic_acceptance: np.ndarray | None = None  # [R, g] sum_v min(p, q_k) = 1 - TV; NaN where not verified
 
 
 def _as_numpy_rows(probs: torch.Tensor) -> np.ndarray:
@@ -121,9 +126,11 @@ class SpeculativeDecoder:
 
         starts = np.cumsum([0, *query_lens[:-1]])
         accepted, emitted = np.zeros(num_requests, dtype=np.int64), []
+        analytic = np.full((num_requests, num_draft), np.nan)
         for r in ids:
             rows = p_rows[starts[r]:starts[r] + query_lens[r]]
             q = q_rows[r] if q_rows is not None else np.zeros((0, rows.shape[1]))
+            analytic[r, :lengths[r]] = np.minimum(rows[:lengths[r]], q[:lengths[r]]).sum(axis=-1)
             outcome = verify_block(rows, q, [int(t) for t in draft_tokens[r, :lengths[r]]], rng)
             accepted[r] = outcome.num_accepted
             emitted.append(outcome.tokens)
@@ -135,7 +142,10 @@ class SpeculativeDecoder:
         self.drafter.extend_context(slots, self.drafter.features_of(out)[keep_rows], kept)
         self.anchors = torch.tensor([e[-1] for e in emitted], device=device)
         self.memory = self.memory.after(self.policy, ids, decision)
-        return StepRecord(decision, lengths, accepted, tuple(emitted))
+        draft_prob = (np.take_along_axis(q_rows, draft_tokens[..., None], axis=-1)[..., 0] if q_rows is not None
+                      else np.zeros((num_requests, 0)))
+        head = None if num_draft > 0 and draft.confidence is None else confidence
+        return StepRecord(decision, lengths, accepted, tuple(emitted), head, draft_prob, analytic)
 
     def generate(self, prompts: Sequence[Sequence[int]], num_tokens: int, rng: np.random.Generator,
                  generator: torch.Generator) -> list[list[int]]:

@@ -20,6 +20,7 @@ import simpy
 from policies.base import Policy
 from simulator.acceptance import AcceptanceModel, ConfidenceSpec, DifficultySpec
 from simulator.engine import DecodeEngine, EngineLimits, StepLog
+from simulator.log_acceptance import LoggedAcceptance
 from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
@@ -34,12 +35,23 @@ class LossyPolicyWarning(UserWarning):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The drafter: its kind (acceptance preset and latency table) and block size gamma."""
+    """The drafter: its kind (acceptance preset and latency table) and block size gamma.
+
+    With ``log`` (a path to an acceptance log, docs/acceptance_logs.md) confidences
+    and outcomes are replayed from the log's blocks of drafter ``kind`` instead of
+    drawn from the parametric preset.
+    """
 
     kind: str = "dspark"
     gamma: int = 7
     difficulty: DifficultySpec = field(default_factory=DifficultySpec)
     confidence: ConfidenceSpec = field(default_factory=ConfidenceSpec)
+    log: str | None = None
+
+    def acceptance_model(self) -> AcceptanceModel | LoggedAcceptance:
+        if self.log is None:
+            return AcceptanceModel(self.kind, self.gamma, self.difficulty, self.confidence)
+        return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma)
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,7 @@ class Cluster:
         self.env = simpy.Environment()
         self.store = RequestStore()
         self.steps = StepLog()
-        self.acceptance = AcceptanceModel(spec.drafter.kind, spec.drafter.gamma, spec.drafter.difficulty,
-                                          spec.drafter.confidence)
+        self.acceptance = spec.drafter.acceptance_model()
         self.engines = [
             DecodeEngine(self.env, i, self.store, spec.policy, spec.profile, self.acceptance, spec.drafter.kind,
                          spec.drafter.gamma, spec.cluster.limits, np.random.default_rng(streams[4 + i]),

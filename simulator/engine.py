@@ -23,6 +23,7 @@ from simpy.events import Event
 
 from policies.base import CostCurve, Decision, Policy, StepView
 from simulator.acceptance import AcceptanceModel
+from simulator.log_acceptance import LoggedAcceptance
 from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
 
@@ -67,7 +68,7 @@ class DecodeEngine:
     """A replica's decode loop. ``submit`` hands it prefilled requests."""
 
     def __init__(self, env: simpy.Environment, engine_id: int, store: RequestStore, policy: Policy,
-                 profile: HardwareProfile, acceptance: AcceptanceModel, drafter: str, gamma: int,
+                 profile: HardwareProfile, acceptance: AcceptanceModel | LoggedAcceptance, drafter: str, gamma: int,
                  limits: EngineLimits, rng: np.random.Generator, steps: StepLog,
                  on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0) -> None:
         self.env, self.engine_id, self.store = env, engine_id, store

@@ -95,3 +95,21 @@ def test_cli_lossy_policy_is_flagged(tmp_path):
                 f"hydra.run.dir={tmp_path}", cwd=repo)
     assert proc.returncode == 0, proc.stderr
     assert "LOSSY" in proc.stdout and "LOSSY" in proc.stderr
+
+
+def test_drafter_log_replays_an_acceptance_log(tmp_path):
+    import numpy as np
+
+    from calibration.acceptance_log import write_log
+    from tests.log_factories import synthetic_log
+
+    path = write_log(synthetic_log(np.random.default_rng(0), drafter="dspark", gamma=5), tmp_path / "log.parquet")
+    cfg = compose_cfg(f"drafter.log={path}", "drafter.gamma=5", "policy=mtp5", "duration_s=3", "warmup_s=0.5",
+                      "progress=false", "write_tables=false", "traffic.num_users=8")
+    replayed = run(cfg, tmp_path).summary
+    preset = run(compose_cfg("drafter.gamma=5", "policy=mtp5", "duration_s=3", "warmup_s=0.5", "progress=false",
+                             "write_tables=false", "traffic.num_users=8"), tmp_path).summary
+    assert replayed["mean_acceptance_length"] != preset["mean_acceptance_length"]
+    assert 1.0 <= replayed["mean_acceptance_length"] <= 6.0
+    with pytest.raises(ValueError, match="no drafter 'eagle3'"):
+        run(compose_cfg(f"drafter.log={path}", "drafter.kind=eagle3", "drafter.gamma=5", "progress=false"), None)

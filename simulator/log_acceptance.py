@@ -1,0 +1,149 @@
+"""Replay of acceptance logs: confidences and accepted counts resampled from a real drafter/verifier run.
+
+Same interface as :class:`simulator.acceptance.AcceptanceModel`. How a log is replayed:
+
+* **Request persistence.** ``request_difficulty`` draws a uniform quantile u in [0, 1)
+  per simulated request. In ``sample_step`` the request of domain d replays logged
+  request ``floor(u * n_d)`` of that domain (requests sorted by id), for its whole
+  life: a hard logged request stays hard.
+* **Steps.** Each simulated step draws one of that logged request's blocks uniformly
+  with replacement and returns its confidences and its accepted draft count (the
+  number of leading accepted positions). Logged requests are equally likely; a
+  simulated request runs as many steps as its output length needs, so easy logged
+  requests contribute fewer steps, as they did in the log.
+* **After the first rejection** the log's outcomes are null: those tokens were
+  discarded and carry no information, and none is needed, because the accepted count
+  is fixed by the first rejection. Confidences exist at every position and are
+  replayed as logged.
+* **Fewer draft tokens** than the logged gamma: the first g positions of the block
+  (accepted count capped at g). **More** than the logged gamma: an error by default;
+  with ``beyond_logged="chain"`` positions gamma+1.. come from further blocks of the
+  same request drawn independently, and survive only if every earlier block was fully
+  accepted - an assumption (conditional acceptance restarts as at position 1).
+* Only fully verified blocks can be replayed: a block that verified fewer than gamma
+  positions and accepted them all is censored, and the log is refused.
+
+Confidences come from the ``confidence`` column (the head's c_k). Drafters without a
+head log none; ``confidence_column="auto"`` (default) then uses ``draft_prob``, the
+drafter's probability of its own token, as an uncalibrated stand-in.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from calibration.acceptance_log import LogError, read_log, to_blocks
+from traces.workload import DOMAINS
+
+BeyondLogged = Literal["error", "chain"]
+
+
+class LoggedAcceptance:
+    """Samples, per engine step, confidences [R, g] and accepted draft counts [R] from an acceptance log."""
+
+    def __init__(self, log: str | Path | pd.DataFrame, drafter: str | None = None, gamma: int | None = None,
+                 confidence_column: Literal["auto", "confidence", "draft_prob"] = "auto",
+                 beyond_logged: BeyondLogged = "error") -> None:
+        source = str(log) if not isinstance(log, pd.DataFrame) else "<frame>"
+        df = read_log(log) if not isinstance(log, pd.DataFrame) else log
+        drafters = sorted(df["drafter"].unique())
+        if drafter is None:
+            if len(drafters) != 1:
+                raise LogError(f"acceptance log {source} holds drafters {drafters}; pass drafter=<one of them>")
+            drafter = drafters[0]
+        elif drafter not in drafters:
+            raise LogError(f"acceptance log {source} has no drafter {drafter!r}; it holds {drafters}")
+        if beyond_logged not in ("error", "chain"):
+            raise ValueError(f"beyond_logged must be 'error' or 'chain', got {beyond_logged!r}")
+        blocks = to_blocks(df[df["drafter"] == drafter], source)
+        censored = blocks.censored
+        if censored.any():
+            i = int(np.flatnonzero(censored)[0])
+            raise LogError(f"acceptance log {source}: {int(censored.sum())} block(s) verified fewer than "
+                           f"gamma={blocks.gamma} positions without a rejection (first: domain "
+                           f"{blocks.domain[i]}, request_id {blocks.request_id[i]}, step {blocks.step[i]}); "
+                           f"replay needs logs recorded with every draft token verified")
+        unknown = sorted(set(blocks.domain) - set(DOMAINS))
+        if unknown:
+            raise LogError(f"acceptance log {source}: unknown domain(s) {unknown}; valid: {', '.join(DOMAINS)}")
+        self.drafter = drafter
+        self.logged_gamma = blocks.gamma
+        self.gamma = gamma if gamma is not None else blocks.gamma
+        if self.gamma > self.logged_gamma and beyond_logged == "error":
+            raise ValueError(f"gamma={self.gamma} exceeds the logged gamma={self.logged_gamma} of {source}; "
+                             f"pass beyond_logged='chain' to chain logged blocks, or log a longer block")
+        self.beyond_logged = beyond_logged
+        self.source = source
+        self.confidence = self._confidences(blocks, confidence_column, source)  # [N, G]
+        self.num_accepted = blocks.num_accepted  # [N]
+        # Blocks are sorted by (domain, request_id, step); requests by (domain, request_id).
+        domain_idx = np.array([DOMAINS.index(d) for d in blocks.domain], dtype=np.int64)
+        new_request = np.ones(blocks.request_id.size, dtype=bool)
+        new_request[1:] = (blocks.request_id[1:] != blocks.request_id[:-1]) | (domain_idx[1:] != domain_idx[:-1])
+        start = np.flatnonzero(new_request)
+        count = np.diff(np.append(start, blocks.request_id.size))
+        order = np.argsort(domain_idx[start], kind="stable")  # group requests in DOMAINS order
+        self.block_start, self.block_count = start[order], count[order]  # [Q] each logged request's blocks
+        request_domain = domain_idx[self.block_start]  # [Q]
+        self.requests_per_domain = np.bincount(request_domain, minlength=len(DOMAINS))  # [D]
+        self.request_offset = np.concatenate(([0], np.cumsum(self.requests_per_domain)[:-1]))  # [D]
+
+    @staticmethod
+    def _confidences(blocks, column: str, source: str) -> np.ndarray:
+        if column not in ("auto", "confidence", "draft_prob"):
+            raise ValueError(f"confidence_column must be auto, confidence or draft_prob, got {column!r}")
+        head = blocks.confidence
+        if column == "confidence" or (column == "auto" and not np.isnan(head).any()):
+            if np.isnan(head).any():
+                raise LogError(f"acceptance log {source}: drafter {blocks.drafter[0]!r} has null confidences; "
+                               f"use confidence_column='draft_prob'")
+            return head
+        if np.isnan(blocks.draft_prob).any():
+            raise LogError(f"acceptance log {source}: drafter {blocks.drafter[0]!r} has neither confidences "
+                           f"nor draft probabilities at every position")
+        return blocks.draft_prob
+
+    def request_difficulty(self, rng: np.random.Generator, num_requests: int) -> np.ndarray:
+        """Persistent quantile u in [0, 1) per request -> [N]; selects the logged request it replays."""
+        return rng.random(num_requests)
+
+    def logged_request(self, domain_idx: np.ndarray, difficulty: np.ndarray) -> np.ndarray:
+        """Index [R] (into the log's requests) replayed by simulated requests of ``domain_idx`` / ``difficulty``."""
+        counts = self.requests_per_domain[domain_idx]
+        if np.any(counts == 0):
+            missing = sorted({DOMAINS[d] for d in np.unique(domain_idx[counts == 0])})
+            raise ValueError(f"acceptance log {self.source} has no {self.drafter} requests of domain(s) {missing}")
+        if np.any((difficulty < 0.0) | (difficulty >= 1.0)):
+            raise ValueError("LoggedAcceptance difficulty must be a quantile in [0, 1) from its request_difficulty")
+        return self.request_offset[domain_idx] + np.minimum((difficulty * counts).astype(np.int64), counts - 1)
+
+    def _draw_blocks(self, rng: np.random.Generator, request: np.ndarray, num_chunks: int) -> np.ndarray:
+        """[R, num_chunks] block indices drawn uniformly among each request's blocks."""
+        u = rng.random((request.size, num_chunks))
+        return self.block_start[request][:, None] + (u * self.block_count[request][:, None]).astype(np.int64)
+
+    def sample_step(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
+                    num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens)."""
+        g = num_draft_tokens
+        num_requests = domain_idx.shape[0]
+        if g == 0 or num_requests == 0:
+            return np.zeros((num_requests, g)), np.zeros(num_requests, dtype=np.int64)
+        if g > self.gamma:
+            raise ValueError(f"{g} draft tokens requested but the logged acceptance was built for gamma={self.gamma}")
+        request = self.logged_request(domain_idx, difficulty)
+        big = self.logged_gamma
+        num_chunks = -(-g // big)
+        block = self._draw_blocks(rng, request, num_chunks)  # [R, C]
+        confidence = self.confidence[block].reshape(num_requests, num_chunks * big)[:, :g]
+        counts = self.num_accepted[block]  # [R, C]
+        # Chained blocks: the leading fully accepted chunks, then the first partial one.
+        full = np.concatenate((counts == big, np.zeros((num_requests, 1), dtype=bool)), axis=1)
+        leading = np.argmin(full, axis=1)  # [R] number of leading full chunks
+        partial = np.take_along_axis(np.concatenate((counts, np.zeros((num_requests, 1), np.int64)), axis=1),
+                                     leading[:, None], axis=1)[:, 0]
+        return confidence, np.minimum(leading * big + partial, g)
