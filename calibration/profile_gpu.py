@@ -17,9 +17,15 @@ synchronised around each run; building index tensors on the host is excluded):
   one committed token per request to the drafter's context.
 * prefill: one request of n1 and of n2 tokens; tokens_per_s = (n2 - n1) / (t2 - t1).
 
-Scheduler costs are not measured here (they are host-side policy time); the
-profile carries the roofline's documented assumptions for them, flagged in metadata.
-Weights are random; latency depends on shapes only.
+Scheduler costs are host-side policy time: by default the profile carries the
+roofline's documented assumptions for them, flagged in metadata. With
+``--host-overhead`` (for the real serving loop, :mod:`calibration.serving`) they are
+measured (``policies.Greedy.decide`` over (R, gamma)), and so are the loop's own
+costs - host time per step and the in-loop slowdown of the forward passes - which
+:mod:`calibration.loop_costs` folds into the draft, verify and per-request tables
+(the isolated tables stay in ``metadata.forward_only``), and the loop's prefill.
+Weights are random (latency depends on shapes only), or those of the trained
+checkpoints with ``--checkpoints DIR`` (their shapes: the models the loop serves).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from calibration.drafter_cost import DRAFT_KINDS
 from calibration.drafters import Drafter, build_drafter
 from calibration.model import Verifier, build_verifier
 from calibration.roofline import Assumptions, cuda_graph_sizes, requests_grid
-from calibration.shapes import MODEL_SHAPES, get_shape
+from calibration.shapes import MODEL_SHAPES
 
 TOOL = "specsched 0.1.0 calibration.profile_gpu"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,6 +71,9 @@ class ProfileConfig:
     seed: int
     compile: bool
     kv_budget_bytes: float | None = None  # None: 60% of free memory on CUDA, unlimited on CPU
+    host_overhead: bool = False  # measure the serving loop's host time and the scheduler (see module docstring)
+    interleave: bool = False  # time the grid in round-robin passes (see time_points)
+    checkpoints: str | None = None  # time the trained models of this directory instead of the preset
 
 
 def batch_grid(max_batch_tokens: int, grid: str) -> list[int]:
@@ -95,32 +104,77 @@ def median_s(fn: Callable[[], object], device: torch.device, warmup: int, repeat
     return statistics.median(times)
 
 
-def _verify_s(model: Verifier, forward: Callable, cfg: ProfileConfig, device: torch.device, gen: torch.Generator,
-              tokens: int, query_lens: list[int], context: int) -> float:
-    cache = model.new_cache(len(query_lens), context + max(query_lens))
-    cache.lengths[:] = context  # values of the cached keys do not matter for timing
-    batch = cache.batch(list(range(len(query_lens))), query_lens)
-    ids = torch.randint(0, model.s.vocab_size, (tokens,), generator=gen, device=device)
-    return median_s(lambda: forward(ids, batch, cache), device, cfg.warmup, cfg.repeats)
+Prepare = Callable[[], Callable[[], object]]  # sets up one timing point, returns the call to time
 
 
-def _draft_s(drafter: Drafter, cfg: ProfileConfig, device: torch.device, gen: torch.Generator,
-             num_requests: int, gamma: int) -> float:
-    s = drafter.s
-    context = max(cfg.context_tokens)
-    drafter.new_cache(num_requests, context + 1)
-    drafter.cache.lengths[:] = context - 1 if context > 0 else 0
-    slots = torch.arange(num_requests)
-    features = torch.randn(num_requests, drafter.fc.in_features, generator=gen, device=device).to(drafter.fc.weight)
-    anchor = torch.randint(0, s.vocab_size, (num_requests,), generator=gen, device=device)
-    start = drafter.cache.lengths.clone()
+def time_points(points: list[tuple[str, Prepare]], cfg: ProfileConfig, device: torch.device,
+                on_point: Callable[[str], None]) -> list[float]:
+    """Median wall time of every point's call.
 
-    def one_step() -> None:
-        drafter.cache.lengths.copy_(start)
-        drafter.extend_context(slots, features, [1] * num_requests)
-        drafter.propose(anchor, slots, gamma, gen)
+    One point after the other by default (only one point's buffers alive at a
+    time). With ``cfg.interleave`` every point is set up first and then timed in
+    ``cfg.repeats`` round-robin passes: on a shared machine a burst of load from
+    other jobs then costs every point a little instead of a few points a lot.
+    """
+    if not cfg.interleave:
+        times = []
+        for label, prepare in points:
+            on_point(label)
+            times.append(median_s(prepare(), device, cfg.warmup, cfg.repeats))
+        return times
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    calls = []
+    for label, prepare in points:
+        on_point(label)
+        calls.append(prepare())
+    for call in calls:
+        for _ in range(cfg.warmup):
+            call()
+    samples: list[list[float]] = [[] for _ in calls]
+    for _ in range(cfg.repeats):
+        for call, out in zip(calls, samples, strict=True):
+            sync()
+            start = time.perf_counter()
+            call()
+            sync()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(out) for out in samples]
 
-    return median_s(one_step, device, cfg.warmup, cfg.repeats)
+
+def verify_call(model: Verifier, forward: Callable, device: torch.device, gen: torch.Generator, tokens: int,
+                query_lens: list[int], context: int) -> Prepare:
+    """Sets up one verifier forward of ``query_lens`` tokens per request over ``context`` cached tokens."""
+    def prepare() -> Callable[[], object]:
+        cache = model.new_cache(len(query_lens), context + max(query_lens))
+        cache.lengths[:] = context  # values of the cached keys do not matter for timing
+        batch = cache.batch(list(range(len(query_lens))), query_lens)
+        ids = torch.randint(0, model.s.vocab_size, (tokens,), generator=gen, device=device)
+        return lambda: forward(ids, batch, cache)
+    return prepare
+
+
+def draft_call(drafter: Drafter, cfg: ProfileConfig, device: torch.device, gen: torch.Generator,
+               num_requests: int, gamma: int) -> Prepare:
+    """Sets up one drafter step (one committed token, then ``propose``) of R requests with its own cache."""
+    def prepare() -> Callable[[], object]:
+        context = max(cfg.context_tokens)
+        drafter.new_cache(num_requests, context + 1)
+        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
+        assert cache is not None
+        cache.lengths[:] = context - 1 if context > 0 else 0
+        slots = torch.arange(num_requests)
+        features = torch.randn(num_requests, drafter.fc.in_features, generator=gen,
+                               device=device).to(drafter.fc.weight)
+        anchor = torch.randint(0, drafter.s.vocab_size, (num_requests,), generator=gen, device=device)
+        start = cache.lengths.clone()
+
+        def one_step() -> None:
+            drafter.cache, drafter.last_feature = cache, last_feature
+            cache.lengths.copy_(start)
+            drafter.extend_context(slots, features, [1] * num_requests)
+            drafter.propose(anchor, slots, gamma, gen)
+        return one_step
+    return prepare
 
 
 def kv_slots_that_fit(cfg: ProfileConfig, model: Verifier, device: torch.device, context: int) -> int | None:
@@ -153,88 +207,104 @@ def split_tokens(tokens: int, per_request: int) -> list[int]:
 
 def count_points(cfg: ProfileConfig) -> int:
     return (len(cfg.batch_tokens) * len(cfg.context_tokens) + 2 * len(cfg.num_requests)
-            + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens) + 2)
+            + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens) + 2 + 3 * cfg.host_overhead)
+
+
+def served_models(cfg: ProfileConfig, gen: torch.Generator) -> tuple[Verifier, Callable[[str], Drafter]]:
+    """The verifier and a drafter factory of ``cfg``: random weights of the preset, or the trained checkpoints."""
+    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    if cfg.checkpoints is not None:
+        from calibration import checkpoints
+
+        target = checkpoints.load_target(Path(cfg.checkpoints)).to(device=device, dtype=dtype)
+        return target, lambda kind: checkpoints.load_drafter(kind, target, Path(cfg.checkpoints)).to(device, dtype)
+    model = build_verifier(cfg.preset, gen, device, dtype)
+    return model, lambda kind: build_drafter(kind, model, gen, max_depth=max(cfg.draft_tokens))
 
 
 @torch.inference_mode()
 def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None,
-            on_total: Callable[[int], None] = lambda _: None) -> dict[str, Any]:
+            on_total: Callable[[int], None] = lambda _: None,
+            models: tuple[Verifier, Callable[[str], Drafter]] | None = None) -> dict[str, Any]:
     """Run every timing of ``cfg`` and return the profile dictionary (simulator format).
 
     ``on_total`` hears the number of points once the grids are final, ``on_point`` each point as it starts.
+    ``models`` (a verifier and a drafter factory) times those models instead of :func:`served_models`.
     """
-    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    device = torch.device(cfg.device)
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    model = build_verifier(cfg.preset, gen, device, dtype)
+    model, drafter_for = models if models is not None else served_models(cfg, gen)
     forward = torch.compile(model, dynamic=False) if cfg.compile else model
     ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
     cfg, capped_from = _fit_requests(cfg, kv_slots_that_fit(cfg, model, device, ctx_hi))
     on_total(count_points(cfg))
 
-    curves: dict[str, dict[str, list]] = {}
+    points: list[tuple[str, Prepare]] = []
+    verify_keys: list[tuple[int, int]] = []  # (context, B) of each verify point
     for context in cfg.context_tokens:
         max_slots = kv_slots_that_fit(cfg, model, device, context)
-        points, sps = [], []
         for b in cfg.batch_tokens:
             layout = split_tokens(b, cfg.query_tokens)
-            on_point(f"verify B={b} C={context}")
             if max_slots is not None and len(layout) > max_slots:
+                on_point(f"verify B={b} C={context} (does not fit)")
                 continue  # this context's KV cache for so many requests does not fit: left out of the curve
-            points.append(b)
-            sps.append(1.0 / _verify_s(model, forward, cfg, device, gen, b, layout, context))
-        curves[str(context)] = {"batch_tokens": points, "steps_per_s": sps}
+            verify_keys.append((context, b))
+            points.append((f"verify B={b} C={context}", verify_call(model, forward, device, gen, b, layout,
+                                                                       context)))
+    for r in cfg.num_requests:
+        points.append((f"per-request R={r}", verify_call(model, forward, device, gen, r, [1] * r, ctx_hi)))
+        points.append((f"per-request R={r} (base)", verify_call(model, forward, device, gen, r, [1] * r, ctx_lo)))
+    drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
+    for kind, drafter in drafters.items():
+        for r in cfg.num_requests:
+            for g in cfg.draft_tokens:
+                points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, cfg, device, gen, r, g)))
+    times = iter(time_points(points, cfg, device, on_point))
+
+    curves: dict[str, dict[str, list]] = {str(c): {"batch_tokens": [], "steps_per_s": []} for c in cfg.context_tokens}
+    for context, b in verify_keys:
+        curves[str(context)]["batch_tokens"].append(b)
+        curves[str(context)]["steps_per_s"].append(1.0 / next(times))
     if curves[str(ctx_lo)]["batch_tokens"] != list(cfg.batch_tokens):
         raise SystemExit(f"the verify grid does not fit in memory at context {ctx_lo}; lower --max-batch-tokens")
-
-    per_request = []
-    for r in cfg.num_requests:
-        on_point(f"per-request R={r}")
-        hi = _verify_s(model, forward, cfg, device, gen, r, [1] * r, ctx_hi)
-        on_point(f"per-request R={r} (base)")
-        lo = _verify_s(model, forward, cfg, device, gen, r, [1] * r, ctx_lo)
-        per_request.append(max(0.0, hi - lo))
-
+    per_request = [max(0.0, next(times) - next(times)) for _ in cfg.num_requests]  # hi - lo
     draft: dict[str, Any] = {}
-    for kind in cfg.drafters:
-        drafter = build_drafter(kind, model, gen, max_depth=max(cfg.draft_tokens))
-        rows = []
-        for r in cfg.num_requests:
-            row = []
-            for g in cfg.draft_tokens:
-                on_point(f"draft {kind} R={r} gamma={g}")
-                row.append(_draft_s(drafter, cfg, device, gen, r, g))
-            rows.append(row)
+    for kind in drafters:
+        rows = [[next(times) for _ in cfg.draft_tokens] for _ in cfg.num_requests]
         draft[kind] = {"num_requests": list(cfg.num_requests), "draft_tokens": list(cfg.draft_tokens),
                        "latency_s": rows}
-        del drafter
+    del drafters
 
     n1, n2 = cfg.prefill_tokens
     on_point(f"prefill {n1} tokens")
-    t1 = _verify_s(model, forward, cfg, device, gen, n1, [n1], 0)
+    t1 = median_s(verify_call(model, forward, device, gen, n1, [n1], 0)(), device, cfg.warmup, cfg.repeats)
     on_point(f"prefill {n2} tokens")
-    t2 = _verify_s(model, forward, cfg, device, gen, n2, [n2], 0)
+    t2 = median_s(verify_call(model, forward, device, gen, n2, [n2], 0)(), device, cfg.warmup, cfg.repeats)
     tokens_per_s = (n2 - n1) / (t2 - t1) if t2 > t1 else n2 / t2  # noise guard: fall back to the mean rate
     fixed_s = max(0.0, t1 - n1 / tokens_per_s)
 
     assumed = Assumptions()
-    return {
+    profile = {
         "format": "specsched-hardware-profile",
         "version": 1,
         "metadata": {
             "source": "measured",
             "device": device_name(device),
-            "model": cfg.preset,
+            "model": model.s.name,
             "created": datetime.date.today().isoformat(),
             "tool": TOOL,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "dtype": cfg.dtype,
-            "preset": cfg.preset,
-            "model_shape": asdict(get_shape(cfg.preset)),
+            "preset": cfg.preset if cfg.checkpoints is None else None,
+            "checkpoints": cfg.checkpoints,
+            "model_shape": asdict(model.s),
             "feature_layers": list(model.feature_layers),
             "config": asdict(cfg),
-            "timing": (f"median of {cfg.repeats} runs after {cfg.warmup} warm-up runs, device synchronised; "
-                       "host-side index building excluded; random weights"),
+            "timing": (f"median of {cfg.repeats} runs after {cfg.warmup} warm-up runs, device synchronised"
+                       + (", interleaved round-robin over the grid; " if cfg.interleave else "; ")
+                       + "host-side index building excluded; "
+                       + ("random weights" if cfg.checkpoints is None else f"weights of {cfg.checkpoints}")),
             "verify_layout": f"B tokens as ceil(B/{cfg.query_tokens}) requests; verify table at context {ctx_lo}",
             "verify_curves": curves,  # context length -> {batch_tokens, steps_per_s}
             "per_request_definition": f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})",
@@ -251,6 +321,23 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
         "prefill": {"fixed_s": fixed_s, "tokens_per_s": tokens_per_s},
         "scheduler": {"fixed_s": assumed.scheduler_fixed_s, "per_candidate_s": assumed.scheduler_per_candidate_s},
     }
+    if cfg.host_overhead:
+        profile = _with_host_costs(profile, cfg, model, drafter_for, on_point)
+    return profile
+
+
+def _with_host_costs(profile: dict[str, Any], cfg: ProfileConfig, model: Verifier,
+                     drafter_for: Callable[[str], Drafter], on_point: Callable[[str], None]) -> dict[str, Any]:
+    """The serving loop's scheduler, prefill and loop costs folded into a new profile (calibration.loop_costs)."""
+    from calibration.loop_costs import with_loop_costs
+
+    if not cfg.drafters:
+        raise SystemExit("--host-overhead runs the serving loop, which needs a drafter: pass --drafters")
+    kind = cfg.drafters[0]
+    gamma = max(cfg.draft_tokens)
+    probe = tuple(r for r in cfg.num_requests if r <= 8) or cfg.num_requests[:1]
+    return with_loop_costs(profile, model, drafter_for(kind), gamma, probe, cfg.prefill_tokens, seed=cfg.seed,
+                           warmup=cfg.warmup, repeats=cfg.repeats, on_point=on_point)
 
 
 def device_name(device: torch.device) -> str:
@@ -313,6 +400,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 with --quick on CPU, which keeps "
                         "timings stable on shared machines where OpenMP threads get oversubscribed)")
+    p.add_argument("--host-overhead", action="store_true",
+                   help="also measure the scheduler (greedy decide) and the serving loop's host time per step "
+                        "and fold them into the profile (for calibration.serving / calibration.validate)")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the grid in round-robin passes (steadier medians on a shared machine; keeps every "
+                        "point's buffers alive at once)")
+    p.add_argument("--checkpoints", type=Path, default=None,
+                   help="time the trained models in this directory (calibration.train) instead of --preset")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
 
@@ -341,7 +436,8 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     return ProfileConfig(args.preset, drafters, device, dtype, tuple(batch), tuple(int(r) for r in reqs),
                          tuple(sorted(set(gammas))), tuple(sorted(set(contexts))), args.query_tokens,
                          (prefill[0], prefill[1]), warmup, repeats, args.seed, args.compile,
-                         None if args.kv_budget_gb is None else args.kv_budget_gb * 1e9)
+                         None if args.kv_budget_gb is None else args.kv_budget_gb * 1e9, args.host_overhead,
+                         args.interleave, None if args.checkpoints is None else str(args.checkpoints))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -1,0 +1,240 @@
+"""Step costs of the real serving loop that timing its pieces in isolation misses, measured for the profile.
+
+The profiler times the verifier forward and the drafter each on its own,
+repeating one call. Inside :mod:`calibration.serving` a step also spends time
+outside them - index tensors, softmax rows to numpy, token-level rejection
+sampling in Python, policy-state and request bookkeeping, the loop between steps
+- and on a CPU the forward passes themselves run slower there: they alternate
+with each other (caches and predictors hold the other model's state) and attend
+over each request's real context, padded to the longest in the batch, which
+grows with the number of requests R. :func:`measure_loop_costs` runs the serving
+loop itself with static policies (``mtp1`` and ``mtp<gamma>``, random prompts,
+the workload's lengths) at several concurrencies and measures:
+
+* ``draft_factor[R, g]``: median of in-loop drafter seconds / the isolated draft
+  table, for g = 1 and gamma;
+* the non-draft residual: step cycle (end of the previous step to the end of this
+  one) minus in-loop drafter seconds minus the isolated ``1 / SPS(B) +
+  per_request(R)`` - host work and the forward passes' in-loop excess - fitted as
+  ``a_R + c B`` (one intercept per R, one slope);
+* ``prefill_factor``: median of in-loop prefill seconds / the profile's ``prefill_s``;
+* for reports, the host part alone (cycle minus in-loop drafter and forward
+  seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
+
+:meth:`LoopCosts.fold` writes them into the profile's own form: draft entries
+scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
+by ``prefill_factor``, ``1/SPS(B) += c B`` and ``per_request(R) += a_R``. The
+isolated tables stay in ``metadata.forward_only``.
+
+:func:`measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
+over (R, gamma) and fits the profile's ``scheduler`` fields
+(``fixed_s + per_candidate_s * R * gamma``). :func:`measure_prefill` times the
+loop's prefill (verifier forward, the drafter's context, the first token).
+:func:`with_loop_costs` does all of it for a profile dictionary.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.drafters import Drafter
+from calibration.model import Verifier
+from policies import Greedy, make_policy
+from policies.base import CostCurve, StepView
+from policies.step_memory import CostSource
+from simulator.engine import EngineLimits
+from simulator.profile import HardwareProfile, profile_from_dict
+from traces.synthetic import LengthSpec, TrafficSpec
+
+FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
+FIXED_LENGTHS = LengthSpec(prompt_median_tokens=32, prompt_sigma=0.0, output_median_tokens=96, output_sigma=0.0)
+
+
+@dataclass(frozen=True)
+class LoopCosts:
+    """What the serving loop adds to the isolated tables (see the module docstring)."""
+
+    num_requests: tuple[int, ...]  # [NR] the R the probe ran at
+    draft_tokens: tuple[int, ...]  # [NG] the draft lengths it ran at (1 and gamma)
+    draft_factor: tuple[tuple[float, ...], ...]  # [NR][NG] in-loop / isolated drafter seconds
+    extra_per_request_s: tuple[float, ...]  # [NR] a_R of the non-draft residual
+    extra_per_batch_token_s: float  # c of the non-draft residual
+    prefill_factor: float
+    host_fixed_s: float  # the host part alone, for reports: fixed + per request R + per verified token
+    host_per_request_s: float
+    host_per_verified_token_s: float
+    num_steps: int  # probe steps the medians and fits come from
+
+    def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
+        """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
+        reqs, gammas = np.array(self.num_requests, float), np.array(self.draft_tokens, float)
+        grid = np.array(self.draft_factor)  # [NR, NG]
+        per_r = np.stack([np.interp(num_requests, reqs, grid[:, j]) for j in range(gammas.size)], axis=1)
+        return np.stack([np.interp(draft_tokens, gammas, row) for row in per_r])
+
+    def fold(self, profile: dict[str, Any]) -> dict[str, Any]:
+        """A copy of a profile dictionary with these costs in its tables."""
+        out = copy.deepcopy(profile)
+        verify = out["verify"]
+        tokens = np.array(verify["batch_tokens"], dtype=float)
+        step_s = 1.0 / np.array(verify["steps_per_s"]) + self.extra_per_batch_token_s * tokens
+        per_request = out.get("per_request") or {"num_requests": [1, 1024], "step_s": [0.0, 0.0]}
+        reqs = np.array(per_request["num_requests"], dtype=float)
+        extra = np.interp(reqs, np.array(self.num_requests, float), np.array(self.extra_per_request_s))
+        meta = out["metadata"]
+        meta["forward_only"] = {"verify": verify, "per_request": out.get("per_request"), "draft": out["draft"],
+                                "prefill": dict(out["prefill"])}
+        meta["loop_costs"] = {**{k: (np.array(v).tolist() if isinstance(v, tuple) else v)
+                                 for k, v in vars(self).items()},
+                              "folded": "draft(R, g) *= draft_factor(R, g); prefill *= prefill_factor; "
+                                        "1/SPS(B) += extra_per_batch_token_s * B; per_request(R) += "
+                                        "extra_per_request_s(R) (clipped at 0)"}
+        out["verify"] = {"batch_tokens": verify["batch_tokens"], "steps_per_s": (1.0 / step_s).tolist()}
+        out["per_request"] = {"num_requests": per_request["num_requests"],
+                              "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
+        out["prefill"] = {"fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
+                          "tokens_per_s": out["prefill"]["tokens_per_s"] / self.prefill_factor}
+        if np.any(step_s <= 0) or np.any(np.array(out["per_request"]["step_s"]) + 1.0 / np.array(
+                out["verify"]["steps_per_s"])[0] <= 0):
+            raise ValueError("the loop costs would make a step cost <= 0; the isolated tables are too noisy "
+                             "(profile with more --repeats and --interleave)")
+        for table in out["draft"].values():
+            factor = self.draft_factor_at(np.array(table["num_requests"], float),
+                                          np.array(table["draft_tokens"], float))
+            table["latency_s"] = (factor * np.array(table["latency_s"])).tolist()
+        return out
+
+
+def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
+                       isolated: HardwareProfile, lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0,
+                       duration_s: float = 0.8, warmup_s: float = 0.2) -> LoopCosts:
+    """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``."""
+    from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
+
+    # Static policies never read the cost curve; a flat one keeps the probe independent of the profile.
+    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), FLAT_COST, "loop-cost probe")
+    max_prompt = int(np.ceil(4 * lengths.prompt_median_tokens))
+    max_output = int(np.ceil(4 * lengths.output_median_tokens))
+    gammas = tuple(sorted({1, gamma}))
+    probed = tuple(r for r in num_requests if r * (1 + gamma) <= isolated.max_batch_tokens)
+    if not probed:
+        raise ValueError(f"no R in {num_requests} fits R x (1 + gamma={gamma}) into the profile's "
+                         f"{isolated.max_batch_tokens} batch tokens")
+    frames, prefill_ratios = [], []
+    for r in probed:
+        for k in gammas:
+            traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
+                                  max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
+            spec = ServingSpec(make_policy(f"mtp{k}"), gamma, traffic, EngineLimits(r, 1_000_000),
+                               duration_s=duration_s, warmup_s=warmup_s, seed=seed)
+            result = serve(spec, models)
+            done = result.requests.dropna(subset=["first_token_at"])
+            prefill_ratios.append((done["first_token_at"] - done["prefill_start_at"])
+                                  / isolated.prefill_s(done["prompt_tokens"].to_numpy()))
+            steps = result.steps
+            cycle_s = steps["end_at"].diff()  # end of the previous step to the end of this one
+            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r)[steps["start_at"] >= warmup_s])
+    s = pd.concat(frames, ignore_index=True)
+    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g)
+                          for r, g in zip(s["num_requests"], s["draft_tokens"], strict=True)])
+    iso_verify = np.array([isolated.verify_s(r, b) for r, b in zip(s["num_requests"], s["batch_tokens"],
+                                                                   strict=True)])
+    s = s.assign(draft_ratio=s["draft_s"] / iso_draft,
+                 residual_s=s["cycle_s"] - s["draft_s"] - iso_verify,  # what the isolated verify table misses
+                 host_s_cycle=s["cycle_s"] - s["draft_s"] - s["verify_s"])
+    factors = s.groupby(["users", "draft_tokens"])["draft_ratio"].median()
+    grid = tuple(tuple(float(factors.get((r, k), np.nan)) for k in gammas) for r in probed)
+    # residual = a_R + c B, one intercept per probed R and a common slope, fitted to per-(R, B) medians
+    med = s.groupby(["users", "batch_tokens"], as_index=False)["residual_s"].median()
+    design = np.column_stack([(med["users"] == r).to_numpy(float) for r in probed] + [med["batch_tokens"]])
+    coef = np.linalg.lstsq(design, med["residual_s"].to_numpy(), rcond=None)[0]
+    if coef[-1] < 0:  # work per batch token cannot be negative: noise; keep the intercepts, no slope
+        coef[-1] = 0.0
+        coef[:-1] = [med.loc[med["users"] == r, "residual_s"].mean() for r in probed]
+    host = s.groupby(["num_requests", "num_verified_tokens"], as_index=False)["host_s_cycle"].median()
+    host_design = np.column_stack((np.ones(len(host)), host["num_requests"], host["num_verified_tokens"]))
+    host_coef = np.linalg.lstsq(host_design, host["host_s_cycle"].to_numpy(), rcond=None)[0]
+    return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]),
+                     float(np.median(pd.concat(prefill_ratios))), float(host_coef[0]), float(host_coef[1]),
+                     float(host_coef[2]), len(s))
+
+
+def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
+                    probe_requests: tuple[int, ...], prefill_tokens: tuple[int, int],
+                    lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
+                    on_point: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them."""
+    gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
+    reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
+    on_point("scheduler (greedy decide)")
+    fixed_s, per_candidate_s = measure_scheduler(profile_from_dict(profile).cost_curve, reqs, tuple(gammas),
+                                                 np.random.default_rng(seed))
+    on_point("serving-loop prefill")
+    prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
+                                                            np.random.default_rng(seed), warmup, repeats)
+    isolated = dict(profile, prefill={"fixed_s": prefill_fixed_s, "tokens_per_s": prefill_tokens_per_s})
+    on_point(f"serving-loop costs ({drafter.kind} drafter)")
+    costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed)
+    out = costs.fold(isolated)
+    meta = out["metadata"]
+    meta["forward_only"]["verifier_prefill"] = profile["prefill"]
+    out["scheduler"] = {"fixed_s": fixed_s, "per_candidate_s": per_candidate_s}
+    meta["scheduler_source"] = "measured: policies.Greedy.decide on this host, fixed + per candidate fit"
+    meta["timing"] += "; serving-loop costs folded in (metadata.loop_costs)"
+    meta["prefill_definition"] = ("serving-loop prefill (calibration.serving_batch): verifier forward over the "
+                                  "prompt, the drafter's context and the first token")
+    meta["loop_probe_lengths"] = vars(lengths)
+    return out
+
+
+def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
+                      rng: np.random.Generator, repeats: int = 50) -> tuple[float, float]:
+    """(fixed_s, per_candidate_s): median time of Greedy.decide over (R, gamma), fitted by least squares."""
+    policy, xs, ys = Greedy(), [], []
+    for r in num_requests:
+        curve = cost if isinstance(cost, CostCurve) else cost(r)
+        for g in draft_tokens:
+            if r * (1 + g) > curve.batch_tokens[-1]:
+                continue  # the policy cannot price a batch the table does not cover
+            times = []
+            for _ in range(repeats):
+                view = StepView(confidence=rng.uniform(0.05, 1.0, size=(r, g)), cost=curve)
+                start = time.perf_counter()
+                policy.decide(view)
+                times.append(time.perf_counter() - start)
+            xs.append(r * g)
+            ys.append(statistics.median(times))
+    if len(xs) < 2:
+        raise ValueError("measure_scheduler needs >= 2 (R, gamma) points inside the cost table")
+    slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
+    return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, int],
+                    rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> tuple[float, float]:
+    """(fixed_s, tokens_per_s) of :meth:`LiveBatch.prefill` from the medians at two prompt lengths n1 < n2."""
+    from calibration.serving_batch import LiveBatch
+
+    n1, n2 = prompt_tokens
+    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, n2 + 1)
+    medians = []
+    for n in (n1, n2):
+        times = []
+        for i in range(warmup + repeats):
+            prompt = rng.integers(0, verifier.s.vocab_size, size=n).tolist()
+            start = time.perf_counter()
+            batch.prefill(prompt, rng)
+            if i >= warmup:
+                times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
+    t1, t2 = medians
+    tokens_per_s = (n2 - n1) / (t2 - t1) if t2 > t1 else n2 / t2  # noise guard: the mean rate
+    return max(0.0, t1 - n1 / tokens_per_s), tokens_per_s

@@ -1,0 +1,370 @@
+"""A real serving loop: continuous batching of real speculative decoding on the torch models, on a wall clock.
+
+``serve(spec, models)`` feeds the verifier and drafter of ``models`` with the
+simulator's traffic (closed loop: ``num_users`` users; open loop: a workload's
+arrival times; trace replay: a :class:`traces.workload.Workload`) and decodes
+with one engine, the simulator's engine model made real:
+
+* **Admission** as :class:`simulator.engine.DecodeEngine`: first come, first
+  served, while ``max_concurrency`` and ``kv_capacity_tokens`` (prompt + full
+  output reserved at admission) allow. Requests join between steps.
+* **Steps**: :meth:`calibration.serving_batch.LiveBatch.step`, i.e.
+  :meth:`calibration.specdec.SpeculativeDecoder.step` (draft -> policy from
+  ``policies/`` -> one flattened verifier forward -> rejection sampling -> bonus).
+  A request keeps min(accepted + 1, tokens it still needs) tokens.
+* **Prefill** runs on the same device between steps (one verifier forward over
+  the prompt, the drafter's context, the first output token). With
+  ``prefill="disaggregated"`` (default, what the simulator models) it is booked
+  on its own timeline - one prefill instance, first come first served - and its
+  wall time is cut out of the decode clock: the decode clock is the wall clock
+  of the decode device. With ``prefill="colocated"`` nothing is cut: prefill
+  blocks decoding, as on a single-device server (the simulator does not model that).
+* **Clock**: ``time.perf_counter`` seconds since the start (less the prefill
+  time in disaggregated mode). Open-loop arrivals are waited for in real time.
+
+The result has the simulator's tables: ``requests`` with the columns of
+:class:`simulator.requests.RequestStore` (``difficulty`` is NaN: real requests
+have none) and the metrics of :func:`simulator.metrics.add_request_metrics`;
+``steps`` with :data:`simulator.engine.StepLog.COLUMNS` plus ``host_s`` (step
+time outside drafter, policy and verifier forward); the summary comes from
+:func:`simulator.metrics.summarize` over the same window as the simulator's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibration.drafters import Drafter
+from calibration.model import Verifier
+from calibration.serving_batch import LiveBatch, Prefilled
+from policies.base import Policy
+from policies.step_memory import CostSource
+from simulator.engine import EngineLimits, StepLog
+from simulator.metrics import add_request_metrics, summarize
+from simulator.requests import RequestStore
+from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
+from traces.workload import DOMAINS, Workload
+
+PrefillMode = Literal["disaggregated", "colocated"]
+PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, tokens, rng) -> token ids
+STEP_COLUMNS = (*StepLog.COLUMNS, "host_s")
+
+
+@dataclass(frozen=True)
+class ServingModels:
+    """What the loop serves: the verifier, the drafter, prompts per domain, and the policy's step-cost curves."""
+
+    verifier: Verifier
+    drafter: Drafter
+    prompts: PromptSource
+    cost: CostSource  # e.g. HardwareProfile.cost_curve: what the policy prices a step with
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """One real run; the fields mean what the same fields of :class:`simulator.SimulationSpec` mean."""
+
+    policy: Policy
+    gamma: int
+    traffic: TrafficSpec | Workload = field(default_factory=TrafficSpec)
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    duration_s: float | None = 10.0
+    warmup_s: float = 0.0
+    seed: int = 0
+    prefill: PrefillMode = "disaggregated"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.prefill not in ("disaggregated", "colocated"):
+            raise ValueError(f"prefill must be 'disaggregated' or 'colocated', got {self.prefill!r}")
+        if self.policy.needs_outcomes:
+            raise ValueError(f"policy {self.policy.name!r} reads true outcomes; a real loop cannot run it")
+        if self.gamma < 1 or self.policy.draft_tokens(self.gamma) > self.gamma:
+            raise ValueError(f"policy {self.policy.name} drafts {self.policy.draft_tokens(self.gamma)} tokens "
+                             f"but gamma is {self.gamma}")
+        closed = isinstance(self.traffic, TrafficSpec) and self.traffic.arrival == "closed"
+        if self.duration_s is None and closed:
+            raise ValueError("closed-loop traffic never ends: set duration_s")
+        if self.duration_s is not None and not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
+
+
+@dataclass(frozen=True)
+class ServingResults:
+    """Tables of one real run plus its summary (the simulator's schema, wall-clock seconds)."""
+
+    spec: ServingSpec
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    outputs: dict[int, list[int]]  # request id -> its output tokens (finished requests)
+
+
+def random_prompts(vocab_size: int) -> PromptSource:
+    """Prompts of uniformly random token ids (for models with random weights)."""
+    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
+        return rng.integers(0, vocab_size, size=num_tokens).tolist()
+    return draw
+
+
+def corpus_prompts() -> PromptSource:
+    """Held-out text of the request's domain (:mod:`calibration.corpora`), from a random offset."""
+    from calibration.corpora import load_corpus
+
+    corpora: dict[str, np.ndarray] = {}
+
+    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
+        if domain not in corpora:
+            corpora[domain] = load_corpus(domain, "heldout").tokens
+        tokens = corpora[domain]
+        start = int(rng.integers(0, tokens.size - num_tokens))
+        return tokens[start:start + num_tokens].astype(np.int64).tolist()
+    return draw
+
+
+class _Clock:
+    """Seconds of the decode device: wall clock since creation, less the time booked to the prefill instance."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self.excised_s = 0.0
+
+    def now(self) -> float:
+        return time.perf_counter() - self._start - self.excised_s
+
+    def wait_until(self, at: float) -> None:
+        delay = at - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class _Server:
+    """The loop's state; ``run`` drives it. One instance per ``serve`` call."""
+
+    def __init__(self, spec: ServingSpec, models: ServingModels) -> None:
+        self.spec, self.models = spec, models
+        # Streams 0 and 1 are the simulator's arrival and length streams (simulator.cluster), so both see
+        # the same open-loop workload and the same closed-loop length sequence.
+        streams = np.random.SeedSequence(spec.seed).spawn(8)
+        self.rng_arrivals, self.rng_lengths = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+        self.rng_prompts, self.rng_accept = np.random.default_rng(streams[5]), np.random.default_rng(streams[6])
+        self.generator = torch.Generator().manual_seed(int(streams[7].generate_state(1)[0]))
+        self.store, self.steps = RequestStore(), StepLog()
+        self.clock = _Clock()
+        traffic = spec.traffic
+        self.sampler: RequestSampler | None = None
+        self.pending: list[tuple[float, int, int]] = []  # closed loop: heap of (arrival_at, order, user)
+        self.num_expected: int | None = None
+        self.next_arrival = 0  # open loop: requests with id < next_arrival have arrived
+        if isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
+            self.sampler = RequestSampler(traffic)
+            max_prompt, max_output = traffic.max_prompt_tokens, traffic.max_output_tokens
+            for user in range(traffic.num_users):
+                heapq.heappush(self.pending, (0.0, user, user))
+            self._order = traffic.num_users
+        else:
+            workload = traffic if isinstance(traffic, Workload) else synthetic_workload(
+                self.rng_arrivals, traffic, spec.duration_s)
+            names, inverse = np.unique(workload.domain, return_inverse=True)
+            domain_idx = np.array([DOMAINS.index(n) for n in names], dtype=np.int64)[inverse]
+            self.store.add(workload.arrival_at, domain_idx, workload.prompt_tokens, workload.output_tokens,
+                           np.full(workload.num_requests, np.nan))
+            self.num_expected = workload.num_requests
+            max_prompt = int(workload.prompt_tokens.max(initial=1))
+            max_output = int(workload.output_tokens.max(initial=1))
+        need = max_prompt + max_output
+        if need > spec.limits.kv_capacity_tokens:
+            raise ValueError(f"a request may need {need} KV tokens but the engine holds only "
+                             f"{spec.limits.kv_capacity_tokens} (limits.kv_capacity_tokens)")
+        self.batch = LiveBatch(models.verifier, models.drafter, spec.policy, models.cost, spec.gamma,
+                               spec.limits.max_concurrency, need, spec.temperature)
+        self.staged: deque[tuple[int, Prefilled]] = deque()  # prefilled, in prefill-completion order
+        self.prefill_free_at = 0.0
+        self.kv_used_tokens = 0
+        self.remaining: dict[int, int] = {}  # request id -> output tokens still to produce
+        self.counters: dict[int, np.ndarray] = {}  # request id -> [steps, verified, accepted]
+        self.outputs: dict[int, list[int]] = {}
+        self.num_finished = 0
+        g = spec.policy.draft_tokens(spec.gamma)
+        self.verified_length_counts = np.zeros(g + 1, dtype=np.int64)
+        self.accepted_length_counts = np.zeros(g + 1, dtype=np.int64)
+
+    # ------------------------------------------------------------ arrivals and prefill
+
+    def _arrivals(self, now: float) -> list[int]:
+        """Ids of the requests that arrived by ``now`` and have not been prefilled, in arrival order."""
+        if self.sampler is not None:
+            users = []
+            while self.pending and self.pending[0][0] <= now:
+                at, _, user = heapq.heappop(self.pending)
+                users.append((at, user))
+            if not users:
+                return []
+            domain_idx, prompt, output = self.sampler.sample(self.rng_lengths, len(users))
+            at = np.array([a for a, _ in users])
+            ids = self.store.add(at, domain_idx, prompt, output, np.full(len(users), np.nan),
+                                 np.array([u for _, u in users]))
+            return ids.tolist()
+        arrived = int(np.searchsorted(self.store.arrival_at[: self.store.size], now, side="right"))
+        ids = list(range(self.next_arrival, arrived))
+        self.next_arrival = max(self.next_arrival, arrived)
+        return ids
+
+    def _prefill(self, rid: int) -> None:
+        store, clock = self.store, self.clock
+        domain = DOMAINS[int(store.domain_idx[rid])]
+        prompt = self.models.prompts(domain, int(store.prompt_tokens[rid]), self.rng_prompts)
+        start_at = clock.now()
+        started_wall = time.perf_counter()
+        staged = self.batch.prefill(prompt, self.rng_accept)
+        prefill_s = time.perf_counter() - started_wall
+        if self.spec.prefill == "disaggregated":
+            clock.excised_s += prefill_s  # booked to the prefill instance, not the decode device
+            start_at = max(float(store.arrival_at[rid]), self.prefill_free_at)
+            self.prefill_free_at = first_token_at = start_at + prefill_s
+        else:
+            first_token_at = clock.now()  # the decode device's own clock went on during the prefill
+        store.prefill_start_at[rid] = start_at
+        store.first_token_at[rid] = first_token_at
+        if store.output_tokens[rid] == 1:
+            self._finish(np.array([rid]), float(store.first_token_at[rid]))
+            self.outputs[rid] = [staged.first_token]
+        else:
+            self.staged.append((rid, staged))
+
+    def _admit(self, now: float) -> None:
+        """FCFS: prefilled requests (first token by ``now``) join while concurrency and KV capacity allow."""
+        store, limits = self.store, self.spec.limits
+        while self.staged and self.batch.num_requests < limits.max_concurrency:
+            rid, staged = self.staged[0]
+            need = int(store.prompt_tokens[rid] + store.output_tokens[rid])
+            if store.first_token_at[rid] > now or self.kv_used_tokens + need > limits.kv_capacity_tokens:
+                break
+            self.staged.popleft()
+            self.kv_used_tokens += need
+            self.batch.join(rid, staged)
+            store.decode_start_at[rid] = now
+            store.engine[rid] = 0
+            self.remaining[rid] = int(store.output_tokens[rid]) - 1
+            self.counters[rid] = np.zeros(3, dtype=np.int64)
+
+    def _finish(self, ids: np.ndarray, at: float) -> None:
+        store = self.store
+        store.finished_at[ids] = at
+        self.num_finished += ids.size
+        if self.sampler is not None:
+            think_s = self.spec.traffic.think_time_s  # type: ignore[union-attr]
+            for user in store.user[ids]:
+                heapq.heappush(self.pending, (at + think_s, self._order, int(user)))
+                self._order += 1
+
+    # ------------------------------------------------------------ decode steps
+
+    def _step(self) -> None:
+        batch, store, clock = self.batch, self.store, self.clock
+        ids = np.array(batch.request_ids, dtype=np.int64)
+        start_at = clock.now()
+        record, timing = batch.step(self.rng_accept, self.generator)
+        lengths, accepted = record.lengths, record.accepted  # accepted is among the verified ones
+        remaining = np.array([self.remaining[r] for r in ids])
+        emitted = np.minimum(accepted + 1, remaining)
+        done_slots = []
+        for slot, rid in enumerate(ids.tolist()):
+            self.remaining[rid] -= int(emitted[slot])
+            self.counters[rid] += (1, int(lengths[slot]), int(accepted[slot]))
+            if self.remaining[rid] == 0:
+                done_slots.append(slot)
+        finished = ids[done_slots]
+        for slot, rid in zip(done_slots, finished.tolist(), strict=True):
+            self.outputs[rid] = batch.outputs[slot][: int(store.output_tokens[rid])]
+            store.num_steps[rid], store.num_verified_tokens[rid], store.num_accepted_tokens[rid] = \
+                self.counters.pop(rid)
+            del self.remaining[rid]
+            self.kv_used_tokens -= int(store.prompt_tokens[rid] + store.output_tokens[rid])
+        if done_slots:
+            batch.leave(done_slots)
+        end_at = clock.now()
+        if end_at > self.spec.warmup_s:
+            g = self.verified_length_counts.size - 1
+            self.verified_length_counts += np.bincount(lengths, minlength=g + 1)
+            self.accepted_length_counts += np.bincount(accepted, minlength=g + 1)
+        host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
+        self.steps.append(0, start_at, end_at, ids.size, int(ids.size + lengths.sum()), int(lengths.sum()),
+                          int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
+                          timing.sched_s, timing.verify_s, host_s)
+        if finished.size:
+            self._finish(finished, end_at)
+
+    # ------------------------------------------------------------ the loop
+
+    def _next_event_at(self) -> float | None:
+        """When something can next happen while the batch is empty (arrival or end of a prefill)."""
+        times = []
+        if self.staged:
+            times.append(float(self.store.first_token_at[self.staged[0][0]]))
+        if self.pending:
+            times.append(self.pending[0][0])
+        if self.num_expected is not None and self.next_arrival < self.num_expected:
+            times.append(float(self.store.arrival_at[self.next_arrival]))
+        return min(times) if times else None
+
+    def run(self) -> float:
+        """Serve until ``duration_s`` (or, open loop without one, until every request finished); returns the end."""
+        until, clock = self.spec.duration_s, self.clock
+        while True:
+            now = clock.now()
+            if until is not None and now >= until:
+                return float(until)
+            if self.num_expected is not None and self.num_finished >= self.num_expected:
+                return now if until is None else float(until)
+            for rid in self._arrivals(now):
+                self._prefill(rid)
+            now = clock.now()
+            self._admit(now)
+            if self.batch.num_requests:
+                self._step()
+                continue
+            wake_at = self._next_event_at()
+            if wake_at is None:  # open loop, nothing left to arrive and nothing in flight
+                return now if until is None else float(until)
+            clock.wait_until(wake_at if until is None else min(wake_at, until))
+
+
+@torch.inference_mode()
+def serve(spec: ServingSpec, models: ServingModels) -> ServingResults:
+    """Run the real serving loop of ``spec`` on ``models`` (see the module docstring)."""
+    server = _Server(spec, models)
+    cpu_start_s, wall_start_s = time.thread_time(), time.perf_counter()
+    end_at = server.run()
+    cpu_fraction = (time.thread_time() - cpu_start_s) / (time.perf_counter() - wall_start_s)
+    requests = add_request_metrics(server.store.to_frame())
+    steps = pd.DataFrame(server.steps.rows, columns=list(STEP_COLUMNS))
+    start_at = spec.warmup_s if spec.duration_s is not None else float(requests["arrival_at"].min())
+    summary = {
+        "policy": spec.policy.name,
+        "policy_params": dict(vars(spec.policy)),
+        "lossless": bool(spec.policy.lossless),
+        "drafter": models.drafter.kind,
+        "gamma": spec.gamma,
+        "models": models.description,
+        "prefill": spec.prefill,
+        "seed": spec.seed,
+        "num_decode_gpus": 1,
+        "mean_host_s": float(steps["host_s"].mean()) if len(steps) else float("nan"),
+        # CPU seconds of this thread per wall second (idle waits included): well below 1 while the loop was
+        # busy means other jobs took the CPU, and the wall-clock numbers carry their contention.
+        "cpu_fraction": cpu_fraction,
+        **summarize(requests, steps, server.verified_length_counts, server.accepted_length_counts,
+                    start_at=start_at, end_at=end_at, num_decode_gpus=1),
+    }
+    return ServingResults(spec, requests, steps, summary, server.outputs)

@@ -1,0 +1,235 @@
+"""A live batch for continuous batching: requests join and leave :class:`calibration.specdec.SpeculativeDecoder`.
+
+:class:`~calibration.specdec.SpeculativeDecoder` runs one real speculative step
+(draft -> policy -> verify -> rejection sampling -> bonus) over the requests in
+cache slots ``0..R-1``. :class:`LiveBatch` keeps that invariant while requests
+come and go, so every step is the decoder's own ``step``:
+
+* **prefill** (:meth:`LiveBatch.prefill`): one verifier forward over the whole
+  prompt in a staging cache, the drafter's context built from its target
+  features, and the first output token sampled from the verifier's last row (the
+  prefill emits the first token, as in the simulator). The result is a
+  :class:`Prefilled` request: its KV cache rows, ready to be handed over.
+* **join** (:meth:`LiveBatch.join`): the staged KV rows are copied into slot R
+  (the hand-over of disaggregated serving) and the first token becomes the anchor.
+* **leave** (:meth:`LiveBatch.leave`): the highest slots move into the holes left
+  by finished requests (caches, anchor, outputs and the policy's EMA row), so the
+  slots stay ``0..R-1`` - what vLLM's persistent batch does when it condenses.
+
+Each step reports wall-clock seconds spent in the drafter (``propose`` and
+``extend_context``), in ``policy.decide`` and in the verifier forward; the rest of
+the step is host work (index building, softmax to numpy, token-level rejection
+sampling, cache bookkeeping).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import torch
+
+from calibration.drafters import Drafter, softmax_t
+from calibration.model import KVCache, Verifier
+from calibration.specdec import SpeculativeDecoder, StepRecord
+from policies.base import Policy
+from policies.speculative import sample_token
+from policies.step_memory import CostSource, PolicyMemory
+
+TIMED_PARTS = ("draft", "sched", "verify")  # stopwatch names, also the steps table's *_s columns
+
+
+class Stopwatch:
+    """Accumulates wall-clock seconds of the calls it wraps."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.total_s += time.perf_counter() - start
+        return timed
+
+    def take(self) -> float:
+        """Seconds accumulated since the last ``take``."""
+        value, self.total_s = self.total_s, 0.0
+        return value
+
+
+class _Timed:
+    """``target`` with some methods (or the call itself, ``"__call__"``) run on a stopwatch; the rest passes through."""
+
+    def __init__(self, target: Any, watch: Stopwatch, methods: Sequence[str]) -> None:
+        self._target = target
+        self._call = watch.wrap(target) if "__call__" in methods else None
+        for name in methods:
+            if name != "__call__":
+                setattr(self, name, watch.wrap(getattr(target, name)))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._call is None:
+            raise TypeError(f"{type(self._target).__name__} is not timed as a callable")
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A prompt after prefill: its KV rows, the drafter's context rows and the first output token."""
+
+    prompt_tokens: int
+    first_token: int
+    verifier_k: torch.Tensor  # [layers, Hkv, n, d]
+    verifier_v: torch.Tensor
+    drafter_k: torch.Tensor  # [drafter layers, Hkv, n, d]
+    drafter_v: torch.Tensor
+    last_feature: torch.Tensor  # [feature_dim] the drafter's feature of the last prompt token
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Wall-clock seconds of one step and of its timed parts (host = the rest)."""
+
+    total_s: float
+    draft_s: float
+    sched_s: float
+    verify_s: float
+
+    @property
+    def host_s(self) -> float:
+        return max(0.0, self.total_s - self.draft_s - self.sched_s - self.verify_s)
+
+
+def _stage(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return cache.k[:, 0, :, :n].clone(), cache.v[:, 0, :, :n].clone()
+
+
+class LiveBatch:
+    """Up to ``max_requests`` requests decoded together; request ids ride along with their slots."""
+
+    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource, gamma: int,
+                 max_requests: int, max_tokens_per_request: int, temperature: float = 1.0) -> None:
+        if max_requests < 1 or max_tokens_per_request < 2:
+            raise ValueError(f"max_requests must be >= 1 and max_tokens_per_request >= 2, got {max_requests}, "
+                             f"{max_tokens_per_request}")
+        self.watches = {name: Stopwatch() for name in TIMED_PARTS}
+        self.verifier, self.drafter, self.temperature = verifier, drafter, temperature
+        self.max_requests = max_requests
+        # The cache holds the prompt, the output and one step's unverified tail (anchor + gamma drafts).
+        self.max_tokens = max_tokens_per_request + gamma + 1
+        self.decoder = SpeculativeDecoder(
+            _Timed(verifier, self.watches["verify"], ["__call__"]),
+            _Timed(drafter, self.watches["draft"], ["propose", "extend_context"]),
+            _Timed(policy, self.watches["sched"], ["decide"]), cost, gamma, temperature)
+        # SpeculativeDecoder.start would size the caches for one fixed batch; a live batch
+        # owns them instead (see docs/validation.md, "what the serving loop needs from specdec").
+        self.decoder.cache = verifier.new_cache(max_requests, self.max_tokens)
+        drafter.new_cache(max_requests, self.max_tokens)
+        self.device = verifier.embed.weight.device
+        self.decoder.anchors = torch.empty(0, dtype=torch.long, device=self.device)
+        self.decoder.outputs = []
+        self.request_ids: list[int] = []  # [R] request id in slot r
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def outputs(self) -> list[list[int]]:
+        """[R] output tokens of the request in slot r (the first one from prefill)."""
+        return self.decoder.outputs
+
+    @torch.inference_mode()
+    def prefill(self, prompt: Sequence[int], rng: np.random.Generator) -> Prefilled:
+        """Prefill ``prompt`` outside the batch (a staging cache) and sample the first output token."""
+        n = len(prompt)
+        if not 1 <= n <= self.max_tokens - self.decoder.gamma - 2:
+            raise ValueError(f"a prompt of {n} tokens does not fit a cache slot of {self.max_tokens} tokens")
+        cache = self.verifier.new_cache(1, n)
+        out = self.verifier(torch.as_tensor(list(prompt), device=self.device), cache.batch([0], [n]), cache)
+        probs = softmax_t(out.logits[-1], self.temperature).double().cpu().numpy()
+        first = sample_token(probs / probs.sum(), rng)
+        drafter = self.drafter
+        saved = drafter.cache, drafter.last_feature
+        try:  # build the drafter's context rows in a one-slot staging cache
+            drafter.new_cache(1, n)
+            drafter.extend_context([0], drafter.features_of(out), [n])
+            dk, dv = _stage(drafter.cache, n)  # type: ignore[arg-type]
+            last = drafter.last_feature[0].clone()  # type: ignore[index]
+        finally:
+            drafter.cache, drafter.last_feature = saved
+        vk, vv = _stage(cache, n)
+        return Prefilled(n, first, vk, vv, dk, dv, last)
+
+    @torch.inference_mode()
+    def join(self, request_id: int, staged: Prefilled) -> int:
+        """Copy a prefilled request into the next free slot; returns the slot."""
+        slot = self.num_requests
+        if slot >= self.max_requests:
+            raise RuntimeError(f"the batch is full ({self.max_requests} requests)")
+        n = staged.prompt_tokens
+        for cache, k, v in ((self.decoder.cache, staged.verifier_k, staged.verifier_v),
+                            (self.drafter.cache, staged.drafter_k, staged.drafter_v)):
+            cache.k[:, slot, :, :n] = k
+            cache.v[:, slot, :, :n] = v
+            cache.lengths[slot] = n
+        self.drafter.last_feature[slot] = staged.last_feature  # type: ignore[index]
+        anchor = torch.tensor([staged.first_token], device=self.device)
+        self.decoder.anchors = torch.cat((self.decoder.anchors, anchor))
+        self.decoder.outputs.append([staged.first_token])
+        self.request_ids.append(request_id)
+        return slot
+
+    def step(self, rng: np.random.Generator, generator: torch.Generator) -> tuple[StepRecord, StepTiming]:
+        """One speculative step of every request in the batch (SpeculativeDecoder.step), timed."""
+        if not self.request_ids:
+            raise RuntimeError("step on an empty batch")
+        for watch in self.watches.values():
+            watch.take()
+        start = time.perf_counter()
+        record = self.decoder.step(rng, generator)
+        total_s = time.perf_counter() - start
+        parts = {name: watch.take() for name, watch in self.watches.items()}
+        return record, StepTiming(total_s, parts["draft"], parts["sched"], parts["verify"])
+
+    @torch.inference_mode()
+    def leave(self, slots: Sequence[int]) -> None:
+        """Remove the requests in ``slots``; the highest remaining slots fill the holes."""
+        num = self.num_requests
+        gone = sorted(set(int(s) for s in slots))
+        if gone and (gone[0] < 0 or gone[-1] >= num):
+            raise ValueError(f"slots {gone} outside 0..{num - 1}")
+        keep = [s for s in range(num) if s not in set(gone)]
+        size = len(keep)
+        holes = [s for s in gone if s < size]
+        movers = [s for s in keep if s >= size]
+        order = list(range(size))  # order[new slot] = old slot
+        for dst, src in zip(holes, movers, strict=True):
+            self._move(src, dst)
+            order[dst] = src
+        d = self.decoder
+        d.anchors = d.anchors[torch.as_tensor(order, dtype=torch.long, device=self.device)]
+        d.outputs = [d.outputs[s] for s in order]
+        self.request_ids = [self.request_ids[s] for s in order]
+        smoothed = {new: d.memory.smoothed[old] for new, old in enumerate(order) if old in d.memory.smoothed}
+        d.memory = PolicyMemory(d.memory.pools, MappingProxyType(smoothed))
+        for cache in (d.cache, self.drafter.cache):
+            cache.lengths[size:num] = 0
+
+    def _move(self, src: int, dst: int) -> None:
+        for cache in (self.decoder.cache, self.drafter.cache):
+            n = int(cache.lengths[src])
+            cache.k[:, dst, :, :n] = cache.k[:, src, :, :n]
+            cache.v[:, dst, :, :n] = cache.v[:, src, :, :n]
+            cache.lengths[dst] = n
+        self.drafter.last_feature[dst] = self.drafter.last_feature[src]  # type: ignore[index]

@@ -1,0 +1,105 @@
+"""Side-by-side tables and the frontier figure of a sim-vs-real validation (pure: DataFrames in, text/Figure out).
+
+One *point* is one (policy, concurrency) pair run twice: by the simulator and by
+the real serving loop. The relative error of a metric is ``(sim - real) / real``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+# column -> (label, how to read it from a summary, unit scale for display)
+METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
+    "throughput": ("throughput tok/s", ("output_tokens_per_s",), 1.0),
+    "tpu_mean": ("tok/s/user mean", ("tokens_per_s_per_user", "mean"), 1.0),
+    "tpu_p50": ("tok/s/user p50", ("tokens_per_s_per_user", "p50"), 1.0),
+    "tpu_p90": ("tok/s/user p90", ("tokens_per_s_per_user", "p90"), 1.0),
+    "ttft_ms": ("TTFT mean ms", ("ttft_s", "mean"), 1e3),
+    "tau": ("tau", ("mean_acceptance_length",), 1.0),
+    "budget": ("verif. budget", ("verification_budget_per_request",), 1.0),
+}
+TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
+
+
+def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = summary
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, Any],
+              machine_drift: float = float("nan")) -> dict[str, Any]:
+    """One row: every metric as sim, real and relative error (sim - real) / real.
+
+    ``machine_drift`` is how much slower (> 0) this machine ran a fixed reference
+    probe around the real run than while it was profiled; a simulator fed the
+    profile is expected to be that much too fast on throughput-like metrics.
+    """
+    row: dict[str, Any] = {"policy": policy, "num_users": num_users,
+                           "real_requests_finished": real["num_requests_finished"],
+                           "sim_requests_finished": sim["num_requests_finished"],
+                           "real_cpu_fraction": real.get("cpu_fraction", float("nan")),
+                           "machine_drift": machine_drift}
+    for name, (_, path, scale) in METRICS.items():
+        s, r = _read(sim, path) * scale, _read(real, path) * scale
+        row[f"{name}_sim"], row[f"{name}_real"] = s, r
+        row[f"{name}_err"] = (s - r) / r if r else float("nan")
+    return row
+
+
+def worst_errors(table: pd.DataFrame) -> dict[str, float]:
+    """Largest absolute relative error of each bounded metric over all points."""
+    return {name: float(table[f"{name}_err"].abs().max()) for name in TARGET_METRICS}
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """Sim | real | error for every metric, one row per point."""
+    header = ["policy", "users", "machine drift"] + [METRICS[m][0] + " sim / real (err)" for m in METRICS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.to_dict("records"):
+        cells = [str(row["policy"]), str(row["num_users"]), f"{100 * row['machine_drift']:+.1f}%"]
+        for name in METRICS:
+            s, r, e = row[f"{name}_sim"], row[f"{name}_real"], row[f"{name}_err"]
+            digits = 2 if name in ("tau", "budget") else 1
+            cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def frontier_figure(table: pd.DataFrame, title: str) -> Figure:
+    """Throughput against mean tok/s/user: simulated (dashed, hollow) and real (solid), one colour per policy."""
+    fig = Figure(figsize=(7.0, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    for i, (policy, part) in enumerate(table.groupby("policy", sort=False)):
+        part = part.sort_values("num_users")
+        color = palette[i % len(palette)]
+        ax.plot(part["tpu_mean_real"], part["throughput_real"], "o-", color=color, label=f"{policy} real")
+        ax.plot(part["tpu_mean_sim"], part["throughput_sim"], "s--", color=color, mfc="none",
+                label=f"{policy} simulated")
+        for users, x, y in zip(part["num_users"], part["tpu_mean_real"], part["throughput_real"], strict=True):
+            ax.annotate(str(users), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+    ax.set_xlabel("mean tok/s/user")
+    ax.set_ylabel("aggregate throughput (tok/s)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def error_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per policy: mean and worst absolute relative error of every metric (in %)."""
+    rows = []
+    for policy, part in table.groupby("policy", sort=False):
+        row: dict[str, Any] = {"policy": policy}
+        for name in METRICS:
+            err = part[f"{name}_err"].abs() * 100
+            row[f"{name} mean|err|%"] = float(np.mean(err))
+            row[f"{name} max|err|%"] = float(np.max(err))
+        rows.append(row)
+    return pd.DataFrame(rows)

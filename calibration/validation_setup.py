@@ -1,0 +1,252 @@
+"""What a sim-vs-real validation is built from: its config, the served models, the profile and the acceptance log.
+
+:class:`ValidationConfig` holds every option of ``python -m calibration.validate``;
+:func:`build_models` loads the trained checkpoints or builds random tiny models;
+:func:`measure_profile` profiles them on this machine with the serving loop's own
+costs (:mod:`calibration.loop_costs`); :func:`record_log` writes an acceptance log
+on the traffic's lengths; :func:`simulator_setup` points the simulator at that log
+(replayed or fitted); :func:`speed_reference` is a fixed probe of the machine's
+current speed, for the drift column.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibration import checkpoints
+from calibration.drafters import Drafter, build_drafter
+from calibration.loop_costs import with_loop_costs
+from calibration.model import Verifier, build_verifier
+from calibration.profile_gpu import ProfileConfig, batch_grid, measure
+from calibration.serving import PrefillMode, PromptSource, corpus_prompts, random_prompts
+from policies import make_policy
+from simulator import DrafterSpec, EngineLimits
+from simulator.profile import HardwareProfile, profile_from_dict
+from traces.synthetic import LengthSpec, RequestSampler, TrafficSpec
+from traces.workload import DOMAINS
+
+ModelsKind = Literal["auto", "trained", "random"]
+AcceptanceKind = Literal["replay", "fitted"]
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Everything one validation run needs (CLI options of the same names)."""
+
+    policies: tuple[str, ...] = ("mtp1", "greedy", "dspark")
+    users: tuple[int, ...] = (1, 2, 4, 8)
+    drafter: str = "dspark"
+    gamma: int = 7
+    models: ModelsKind = "auto"
+    checkpoints: str = str(checkpoints.DEFAULT_DIR)
+    weights_std: float = 0.1
+    domain: str = "chat"
+    prompt_tokens: int = 32
+    output_tokens: int = 64
+    length_sigma: float = 0.3
+    duration_s: float = 4.0
+    warmup_s: float = 0.5
+    prefill: PrefillMode = "disaggregated"
+    log: str | None = None
+    log_requests: int = 64
+    acceptance: AcceptanceKind = "replay"
+    profile: str | None = None
+    profile_repeats: int = 11
+    seed: int = 0
+    threads: int = 1
+    nice: int | None = None  # scheduling priority while measuring (negative: ahead of other jobs; needs root)
+
+    def __post_init__(self) -> None:
+        if not self.policies or not self.users or min(self.users) < 1:
+            raise ValueError(f"need >= 1 policy and user counts >= 1, got {self.policies}, {self.users}")
+        if self.models not in ("auto", "trained", "random"):
+            raise ValueError(f"models must be auto, trained or random, got {self.models!r}")
+        if self.acceptance not in ("replay", "fitted"):
+            raise ValueError(f"acceptance must be replay or fitted, got {self.acceptance!r}")
+        if self.domain not in (*DOMAINS, "mixed"):
+            raise ValueError(f"domain must be one of {', '.join(DOMAINS)} or mixed, got {self.domain!r}")
+        if min(self.prompt_tokens, self.output_tokens, self.log_requests, self.gamma) < 1:
+            raise ValueError("prompt_tokens, output_tokens, log_requests and gamma must be >= 1")
+        for name in self.policies:
+            make_policy(name)  # fails early, naming the valid policies
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return 4 * self.prompt_tokens
+
+    @property
+    def max_output_tokens(self) -> int:
+        return 4 * self.output_tokens
+
+    def traffic(self, num_users: int) -> TrafficSpec:
+        lengths = LengthSpec(self.prompt_tokens, self.length_sigma, self.output_tokens, self.length_sigma)
+        mix = {d: 1.0 for d in DOMAINS} if self.domain == "mixed" else {self.domain: 1.0}
+        return TrafficSpec(arrival="closed", domain_mix=mix, num_users=num_users, think_time_s=0.0,
+                           max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
+                           lengths={d: lengths for d in DOMAINS})
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits(max_concurrency=max(self.users),
+                            kv_capacity_tokens=max(self.users) * (self.max_prompt_tokens + self.max_output_tokens))
+
+
+@dataclass(frozen=True)
+class Models:
+    """The served models (one verifier, one drafter) and where their prompts come from."""
+
+    verifier: Verifier
+    drafter: Drafter
+    prompts: PromptSource
+    description: str
+    trained: bool
+
+
+def _trained_available(directory: str, kind: str) -> bool:
+    return (Path(directory) / "target.pt").exists() and (Path(directory) / f"{kind}.pt").exists()
+
+
+def build_models(cfg: ValidationConfig) -> Models:
+    """Trained checkpoints (``models=trained``, or ``auto`` when they exist) or random weights of ``tiny``."""
+    use_trained = cfg.models == "trained" or (cfg.models == "auto" and _trained_available(cfg.checkpoints,
+                                                                                           cfg.drafter))
+    if use_trained:
+        verifier = checkpoints.load_target(Path(cfg.checkpoints))
+        drafter = checkpoints.load_drafter(cfg.drafter, verifier, Path(cfg.checkpoints))
+        return Models(verifier, drafter, corpus_prompts(),
+                      f"trained {verifier.s.name} target + {cfg.drafter} drafter ({cfg.checkpoints})", True)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    verifier = build_verifier("tiny", gen, std=cfg.weights_std)
+    drafter = build_drafter(cfg.drafter, verifier, gen, std=cfg.weights_std, max_depth=max(cfg.gamma, 8))
+    return Models(verifier, drafter, random_prompts(verifier.s.vocab_size),
+                  f"random tiny target + {cfg.drafter} drafter (weights std {cfg.weights_std}, seed {cfg.seed})",
+                  False)
+
+
+def profile_config(cfg: ValidationConfig) -> ProfileConfig:
+    """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users, contexts 0 and typical."""
+    max_users = max(cfg.users)
+    max_batch = max_users * (1 + cfg.gamma)
+    requests = sorted({r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_users} | {max_users})
+    context = cfg.prompt_tokens + cfg.output_tokens // 2  # the mean context a decode step attends over
+    return ProfileConfig(
+        preset="tiny", drafters=(cfg.drafter,), device="cpu", dtype="float32",
+        batch_tokens=tuple(batch_grid(max_batch, "quick")), num_requests=tuple(requests),
+        draft_tokens=tuple(sorted({1, 2, 4, cfg.gamma})), context_tokens=(0, context), query_tokens=1 + cfg.gamma,
+        prefill_tokens=(max(2, cfg.prompt_tokens // 2), 2 * cfg.prompt_tokens), warmup=2,
+        repeats=cfg.profile_repeats, seed=cfg.seed, compile=False, host_overhead=False, interleave=True,
+        checkpoints=None)
+
+
+def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
+    """Profile the served models on this machine (or load ``cfg.profile``)."""
+    if cfg.profile is not None:
+        from simulator.profile import load_profile
+
+        return load_profile(cfg.profile)
+    profile_cfg = profile_config(cfg)
+    data = measure(profile_cfg, models=(models.verifier, lambda kind: models.drafter))
+    # The loop's own costs, probed on the workload's lengths: attention pads to the longest context in a batch.
+    lengths = LengthSpec(cfg.prompt_tokens, cfg.length_sigma, cfg.output_tokens, cfg.length_sigma)
+    data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
+                           profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats)
+    data["metadata"]["model"] = models.description
+    return profile_from_dict(data, "<validation profile>")
+
+
+def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float]:
+    """A fixed probe of this machine's current speed: median seconds of one drafter proposal and one verifier
+    forward (R = 1, gamma draft tokens), 15 times. Other jobs on a shared machine slow it down, through the
+    scheduler and through shared cores and caches, so its ratio between two moments tells how much the
+    machine's speed drifted between them."""
+    from calibration.profile_gpu import draft_call, verify_call
+
+    device, gen = torch.device("cpu"), torch.Generator().manual_seed(cfg.seed)
+    context = cfg.prompt_tokens + cfg.output_tokens // 2
+    probe_cfg = replace(profile_config(cfg), context_tokens=(0, context))
+    draft = draft_call(models.drafter, probe_cfg, device, gen, 1, cfg.gamma)()
+    verify = verify_call(models.verifier, models.verifier, device, gen, 1 + cfg.gamma, [1 + cfg.gamma], context)()
+
+    @torch.inference_mode()
+    def measure_s() -> float:
+        times = []
+        for i in range(17):
+            start = time.perf_counter()
+            draft()
+            verify()
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+    return measure_s
+
+
+def record_log(cfg: ValidationConfig, models: Models) -> pd.DataFrame:
+    """An acceptance log of the served models on the traffic's own lengths, every draft token verified.
+
+    Per domain, ``log_requests`` requests with prompt and output lengths drawn from
+    the traffic's length distributions (acceptance and confidence depend on the
+    context length, so the log must see the contexts the runs see), decoded
+    together by :class:`calibration.specdec.SpeculativeDecoder` under ``mtp<gamma>``
+    (as :func:`calibration.evaluate.decode_and_record`, with a length per request);
+    only steps of requests still decoding are logged.
+    """
+    from calibration.acceptance_log import AcceptanceRecorder
+    from calibration.evaluate import FLAT_COST
+    from calibration.specdec import SpeculativeDecoder
+
+    frames = []
+    for d_idx, domain in enumerate(DOMAINS):
+        seeds = np.random.SeedSequence([cfg.seed, 7, d_idx])
+        rng = np.random.default_rng(seeds)
+        sampler = RequestSampler(replace(cfg.traffic(1), domain_mix={domain: 1.0}))
+        _, prompt_tokens, output_tokens = sampler.sample(rng, cfg.log_requests)
+        # The decoder's last prompt token is its first anchor: it stands for the prefill's first output token.
+        prompts = [models.prompts(domain, int(n) + 1, rng) for n in prompt_tokens]
+        targets = np.maximum(output_tokens - 1, 1)  # tokens decoded after the first one
+        generator = torch.Generator().manual_seed(int(seeds.generate_state(1)[0]))
+        decoder = SpeculativeDecoder(models.verifier, models.drafter, make_policy(f"mtp{cfg.gamma}"), FLAT_COST,
+                                     cfg.gamma)
+        recorder = AcceptanceRecorder(models.drafter.kind, domain, cfg.gamma, range(cfg.log_requests))
+        decoder.start(prompts, int(targets.max()))
+        while True:
+            active = np.array([len(out) < t for out, t in zip(decoder.outputs, targets, strict=True)])
+            if not active.any():
+                break
+            rec = decoder.step(rng, generator)
+            recorder.record(rec.lengths, rec.accepted, rec.confidence, rec.draft_prob, rec.analytic_acceptance,
+                            active)
+        frames.append(recorder.frame())
+    return pd.concat(frames, ignore_index=True)
+
+
+def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile,
+                    log_path: Path) -> tuple[HardwareProfile, DrafterSpec]:
+    """(profile, drafter spec) that make ``simulate`` take its acceptance from the log at ``log_path``.
+
+    ``replay``: :class:`simulator.log_acceptance.LoggedAcceptance` through ``DrafterSpec.log``.
+    ``fitted``: a preset fitted to the log (:func:`simulator.fit_preset.fit_preset`), installed under a new
+    name; the profile's draft table of the drafter is copied under that name (same measured latencies).
+    """
+    if cfg.acceptance == "replay":
+        return profile, DrafterSpec(cfg.drafter, cfg.gamma, log=str(log_path))
+    from simulator.fit_preset import fit_preset
+    from simulator.presets import PRESETS
+
+    fitted = fit_preset(log_path, drafter=cfg.drafter)
+    name = f"validation-{cfg.drafter}-{abs(hash(tuple(sorted(fitted.tau.items())))) % 10**8}"
+    if name not in PRESETS:
+        fitted.install(name)
+    raw = json.loads(json.dumps(profile.raw))
+    raw["draft"][name] = raw["draft"][cfg.drafter]
+    renamed = profile_from_dict(raw, profile.path)
+    return renamed, DrafterSpec(name, cfg.gamma, confidence=fitted.confidence_spec())
+

@@ -1,0 +1,239 @@
+"""The real serving loop and the sim-vs-real validation command.
+
+* the loop keeps the target distribution: a Monte Carlo chi-square of the first
+  three output tokens against the verifier's exact law, many requests sharing a
+  continuously changing batch;
+* its tables have the simulator's schema and conserve tokens;
+* ``python -m calibration.validate`` on a tiny configuration meets the error bound
+  with a noise margin (see ``NOISE_MARGIN``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2
+
+from calibration.drafters import build_drafter
+from calibration.model import Verifier, build_verifier
+from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving_batch import LiveBatch
+from calibration.shapes import get_shape
+from calibration.validate import main
+from calibration.validation_setup import ValidationConfig
+from policies import DSpark, Greedy, make_policy
+from policies.base import CostCurve
+from simulator import DrafterSpec, EngineLimits, SimulationSpec, simulate
+from simulator.engine import StepLog
+from simulator.profile import load_profile
+from traces.synthetic import TrafficSpec
+from traces.workload import Workload
+
+FALSE_FAILURE_RATE = 1e-6
+VOCAB = 8
+PROMPTS = {"chat": (1, 2, 3), "code": (4, 5, 6, 7, 0, 1)}  # two contexts of different lengths share the batch
+NUM_PER_PROMPT = 900
+# SPS falls with the batch, so greedy stops early and lengths vary from step to step.
+FALLING_COST = CostCurve(batch_tokens=np.arange(1, 401), steps_per_s=100.0 / np.arange(1, 401) ** 0.7)
+# The validation target is 10% on throughput and mean tok/s/user (docs/validation.md). On the
+# shared 2-core development machine, back-to-back real runs of one point (1.5 s, nice -10) spread
+# by +-6%, a profile measured a minute earlier is off by up to +-10% when other jobs start or stop
+# (the machine_drift column), and a 1.5 s window holds only 20-60 requests (sampling noise ~5% in
+# both sim and real): worst errors of short CI-sized runs reached 18% there. The test allows
+# 10% + 15% (+ the measured drift of the point), so it fails on a model error, not on a neighbour.
+ERROR_TARGET = 0.10
+NOISE_MARGIN = 0.15
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Torch on one thread for the whole module (module fixtures included): deterministic, and no OpenMP
+    oversubscription on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def verifier() -> Verifier:
+    shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=VOCAB)
+    return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)
+
+
+def exact_first_three(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:
+    """p(y1, y2, y3 | prompt) -> [V, V, V] from 1 + V + V^2 plain forwards."""
+    def next_probs(tokens: tuple[int, ...]) -> np.ndarray:
+        t = torch.tensor(tokens)
+        cache = model.new_cache(1, t.numel())
+        with torch.inference_mode():
+            logits = model(t, cache.batch([0], [t.numel()]), cache).logits[-1]
+        return torch.softmax(logits, -1).double().numpy()
+
+    p1 = next_probs(prompt)
+    joint = np.zeros((VOCAB, VOCAB, VOCAB))
+    for a in range(VOCAB):
+        p2 = next_probs(prompt + (a,))
+        for b in range(VOCAB):
+            joint[a, b] = p1[a] * p2[b] * next_probs(prompt + (a, b))
+    return joint
+
+
+def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
+    """Statistic and critical value; cells expecting < 5 are pooled into one."""
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(((obs - exp) ** 2 / exp).sum()), float(chi2.isf(FALSE_FAILURE_RATE, obs.size - 1))
+
+
+def fixed_prompts(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
+    return list(PROMPTS[domain])
+
+
+@pytest.mark.parametrize("policy", [
+    Greedy(),  # synchronous, early stop on a falling SPS curve
+    DSpark(staleness_steps=1, ema_decay=0.8),  # stale capacity + EMA rows that must follow requests across slots
+], ids=["greedy", "dspark1_ema"])
+def test_served_tokens_follow_the_verifier(verifier: Verifier, policy) -> None:
+    drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    with torch.no_grad():  # make c_k hinge on W1[x_{k-1}], so the policy's lengths vary with the drafted tokens
+        drafter.confidence_head.weight[:, verifier.s.hidden_size:].mul_(100.0)
+    domains = np.array(["chat", "code"] * NUM_PER_PROMPT)
+    n = domains.size
+    workload = Workload(arrival_at=np.zeros(n), prompt_tokens=np.array([len(PROMPTS[d]) for d in domains]),
+                        output_tokens=np.full(n, 3), domain=domains, source="losslessness")
+    # Colocated prefill and arrivals all at 0: every request is prefilled before the first step, so which
+    # requests share a step - and so the whole random stream - does not depend on wall-clock timing.
+    spec = ServingSpec(policy, gamma=3, traffic=workload, limits=EngineLimits(16, 1_000_000), duration_s=None,
+                       seed=2024, prefill="colocated")
+    result = serve(spec, ServingModels(verifier, drafter, fixed_prompts, FALLING_COST, "v8"))
+
+    steps = result.steps
+    assert steps["num_requests"].max() == 16  # the batch is full, and its members change every few steps:
+    assert result.requests["decode_start_at"].nunique() > 100
+    assert 0 < steps["num_accepted_tokens"].sum() < steps["num_verified_tokens"].sum()  # accepts and rejections
+    lengths_per_request = steps["num_verified_tokens"] / steps["num_requests"]
+    assert lengths_per_request.nunique() > 1  # the policy's decisions really vary
+    for domain, prompt in PROMPTS.items():
+        ids = np.flatnonzero(domains == domain)
+        outs = np.array([result.outputs[int(i)] for i in ids])
+        observed = np.zeros((VOCAB,) * 3)
+        np.add.at(observed, (outs[:, 0], outs[:, 1], outs[:, 2]), 1)
+        stat, critical = chi_square(observed.ravel(), ids.size * exact_first_three(verifier, prompt).ravel())
+        assert stat < critical, f"prompt {prompt}: chi2 {stat:.1f} >= {critical:.1f}"
+
+
+@pytest.fixture(scope="module")
+def served(verifier: Verifier):
+    """An open-loop run to completion: 40 requests arriving within 0.2 s, at most 6 at a time."""
+    drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    rng = np.random.default_rng(3)
+    n = 40
+    workload = Workload(arrival_at=np.sort(rng.uniform(0, 0.2, n)), prompt_tokens=rng.integers(2, 20, n),
+                        output_tokens=rng.integers(1, 30, n), domain=np.array(["chat", "code", "math"] * 14)[:n])
+    spec = ServingSpec(make_policy("greedy"), gamma=4, traffic=workload, limits=EngineLimits(6, 200),
+                       duration_s=None, seed=1)
+    return workload, spec, serve(spec, ServingModels(verifier, drafter, random_prompts(VOCAB), FALLING_COST, "v8"))
+
+
+def test_tables_have_the_simulators_schema(served) -> None:
+    _, _, result = served
+    profile = load_profile("h200_qwen3-8b_analytic")
+    sim = simulate(SimulationSpec(policy=make_policy("greedy"), profile=profile, drafter=DrafterSpec("dspark", 4),
+                                  traffic=TrafficSpec(num_users=2), duration_s=0.5))
+    assert list(result.requests.columns) == list(sim.requests.columns)
+    assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s"]
+    assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
+
+
+def test_tables_conserve_tokens(served) -> None:
+    workload, spec, result = served
+    req, steps = result.requests, result.steps
+    assert req["finished_at"].notna().all()  # run to completion
+    assert len(req) == workload.num_requests
+    # every output token is either the prefill's first token or emitted by a step
+    assert steps["num_emitted_tokens"].sum() == (req["output_tokens"] - 1).sum()
+    assert [len(result.outputs[i]) for i in range(len(req))] == req["output_tokens"].tolist()
+    decoded = req[req["output_tokens"] > 1]
+    assert steps["num_verified_tokens"].sum() == decoded["num_verified_tokens"].sum()
+    assert steps["num_accepted_tokens"].sum() == decoded["num_accepted_tokens"].sum()
+    assert steps["num_requests"].sum() == decoded["num_steps"].sum()
+    assert (req["num_accepted_tokens"] <= req["num_verified_tokens"]).all()
+    assert (decoded["num_steps"] >= np.ceil((decoded["output_tokens"] - 1) / (1 + spec.gamma))).all()
+    assert (steps["batch_tokens"] == steps["num_requests"] + steps["num_verified_tokens"]).all()
+    # limits: concurrency, and KV (prompt + output reserved at admission) never exceeded
+    assert steps["num_requests"].max() <= spec.limits.max_concurrency
+    for at in steps["start_at"]:
+        live = req[(req["decode_start_at"] <= at) & (req["finished_at"] > at)]
+        assert (live["prompt_tokens"] + live["output_tokens"]).sum() <= spec.limits.kv_capacity_tokens
+    # timestamps in order; a step's parts fit inside it
+    order = ["arrival_at", "prefill_start_at", "first_token_at", "finished_at"]
+    for early, late in zip(order, order[1:], strict=False):
+        assert (req[late] >= req[early]).all(), (early, late)
+    assert (decoded["decode_start_at"] >= decoded["first_token_at"]).all()
+    parts = steps["draft_s"] + steps["sched_s"] + steps["verify_s"]
+    assert (parts <= steps["end_at"] - steps["start_at"] + 1e-9).all()
+
+
+def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
+    drafter = build_drafter("dflash", verifier, torch.Generator().manual_seed(2), num_layers=1)
+    batch = LiveBatch(verifier, drafter, make_policy("mtp2"), FALLING_COST, 2, max_requests=4,
+                      max_tokens_per_request=40)
+    rng = np.random.default_rng(0)
+    for rid, n in zip((10, 11, 12, 13), (3, 5, 7, 9), strict=True):
+        batch.join(rid, batch.prefill(rng.integers(0, VOCAB, n).tolist(), rng))
+    batch.step(rng, torch.Generator().manual_seed(0))
+    before = {rid: (list(out), int(batch.decoder.cache.lengths[slot]))
+              for slot, (rid, out) in enumerate(zip(batch.request_ids, batch.outputs, strict=True))}
+    batch.leave([0, 2])  # the two highest slots fill the holes
+    assert batch.request_ids == [13, 11]
+    for slot, rid in enumerate(batch.request_ids):
+        assert batch.outputs[slot] == before[rid][0]
+        assert int(batch.decoder.cache.lengths[slot]) == before[rid][1]
+        assert int(batch.drafter.cache.lengths[slot]) == before[rid][1]
+    assert batch.decoder.cache.lengths[2:].tolist() == [0, 0]
+    record, timing = batch.step(rng, torch.Generator().manual_seed(1))
+    assert record.lengths.tolist() == [2, 2] and timing.total_s >= timing.draft_s + timing.verify_s
+
+
+def test_bad_input_is_refused_with_a_clear_message() -> None:
+    with pytest.raises(ValueError, match="prefill must be"):
+        ServingSpec(make_policy("mtp1"), 3, prefill="shared")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="true outcomes"):
+        ServingSpec(make_policy("oracle"), 3)
+    with pytest.raises(ValueError, match="closed-loop traffic never ends"):
+        ServingSpec(make_policy("mtp1"), 3, duration_s=None)
+    with pytest.raises(ValueError, match="unknown policy"):
+        ValidationConfig(policies=("mtp1", "fastest"))
+    with pytest.raises(ValueError, match="domain must be"):
+        ValidationConfig(domain="poetry")
+
+
+def test_validation_command_meets_the_error_bound(tmp_path) -> None:
+    """The CLI on a tiny setup: random tiny models, 2 and 4 users, 1.5 s per point."""
+    out = tmp_path / "validation"
+    result = main(["--models", "random", "--policies", "mtp1,greedy,dspark", "--users", "2,4",
+                   "--duration-s", "1.5", "--warmup-s", "0.3", "--profile-repeats", "5", "--log-requests", "32",
+                   "--nice", "-10", "--seed", "0", "--out", str(out)])
+    table = result.table
+    assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
+    for name in ("profile.json", "acceptance_log.parquet", "points.csv", "validation.md", "frontier.png"):
+        assert (out / name).stat().st_size > 0
+    assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
+    assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
+    # A point run while the machine was measurably slower (or faster) than while it was profiled
+    # (machine_drift: a fixed reference probe timed around the point) gets that much more room.
+    allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
+    for metric in ("throughput", "tpu_mean"):
+        err = table[f"{metric}_err"].abs()
+        assert (err <= allowed).all(), f"{metric}: errors {err.round(3).tolist()} > {allowed.round(3).tolist()}"
+    # tau has no timing noise, only sampling noise: a 1.5 s point holds 20-60 requests whose acceptance
+    # differs from request to request (the replay keeps that spread), which moves tau by up to ~10%.
+    assert float(table["tau_err"].abs().max()) <= 0.15
+
