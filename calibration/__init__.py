@@ -11,8 +11,8 @@
 * :mod:`calibration.profile_gpu` - measured profiles (``source: measured``); :mod:`calibration.compare` plots both;
 * :mod:`calibration.corpora` / :mod:`calibration.train` / :mod:`calibration.checkpoints` - a byte-level target and
   the four drafters trained on CPU (``docs/acceptance_logs.md``);
-* :mod:`calibration.acceptance_log` (log format, torch-free), :mod:`calibration.evaluate` (measure the trained
-  drafters, write a log) and :mod:`calibration.sts` (sequential temperature scaling, numpy).
+* :mod:`calibration.evaluate` - measure the trained drafters and write an acceptance log (the format and
+  sequential temperature scaling live in :mod:`simulator.acceptance_log` and :mod:`simulator.sts`).
 
 Torch is imported only by the torch modules; the roofline needs numpy alone.
 """

@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 
 from calibration import checkpoints
-from calibration.acceptance_log import AcceptanceRecorder, summary, write_log
 from calibration.corpora import domains_of, load_corpus, sample_prompts
 from calibration.drafters import Drafter
 from calibration.model import Verifier
@@ -30,6 +29,7 @@ from calibration.specdec import SpeculativeDecoder
 from calibration.train import TrainConfig, heldout_report
 from policies import make_policy
 from policies.base import CostCurve
+from simulator.acceptance_log import AcceptanceRecorder, summary, write_log
 from simulator.presets import TABLE1_QWEN3_4B, preset
 from traces.workload import DOMAINS
 

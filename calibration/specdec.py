@@ -35,7 +35,7 @@ from policies.step_memory import CostSource, PolicyMemory, check_decision, cost_
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step's outcome; the last three fields feed :mod:`calibration.acceptance_log`."""
+    """One step's outcome; the last three fields feed :mod:`simulator.acceptance_log`."""
 
     decision: Decision
     lengths: np.ndarray  # [R] verified draft tokens

@@ -13,7 +13,7 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    (:func:`calibration.loop_costs.with_loop_costs`);
 2. **acceptance** from a log: ``--log`` (e.g. ``calibration.evaluate``'s log of the
    trained models), or one recorded here with
-   :class:`calibration.acceptance_log.AcceptanceRecorder` (every draft token
+   :class:`simulator.acceptance_log.AcceptanceRecorder` (every draft token
    verified, ``--log-requests`` requests per domain with the traffic's lengths);
    the simulator replays it
    (:class:`simulator.log_acceptance.LoggedAcceptance`, default) or uses a preset
@@ -47,7 +47,6 @@ from typing import Any
 import pandas as pd
 import torch
 
-from calibration.acceptance_log import read_log, write_log
 from calibration.profile_gpu import device_name
 from calibration.serving import ServingModels, ServingSpec, serve
 from calibration.validation_report import frontier_figure, markdown_table, point_row, worst_errors
@@ -62,6 +61,7 @@ from calibration.validation_setup import (
 )
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
+from simulator.acceptance_log import read_log, write_log
 from simulator.profile import HardwareProfile
 
 

@@ -199,9 +199,9 @@ def record_log(cfg: ValidationConfig, models: Models) -> pd.DataFrame:
     (as :func:`calibration.evaluate.decode_and_record`, with a length per request);
     only steps of requests still decoding are logged.
     """
-    from calibration.acceptance_log import AcceptanceRecorder
     from calibration.evaluate import FLAT_COST
     from calibration.specdec import SpeculativeDecoder
+    from simulator.acceptance_log import AcceptanceRecorder
 
     frames = []
     for d_idx, domain in enumerate(DOMAINS):

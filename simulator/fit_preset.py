@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq, minimize_scalar
 
-from calibration.acceptance_log import LogError, conditional_acceptance, read_log, to_blocks
-from calibration.sts import auc
 from simulator.acceptance import ConfidenceSpec
+from simulator.acceptance_log import LogError, conditional_acceptance, read_log, to_blocks
 from simulator.presets import PAPER_POSITIONS, PRESETS, AcceptanceCurve
+from simulator.sts import auc
 from traces.workload import DOMAINS
 
 _LOG_SHAPE_RANGE = (-5.0, 5.0)  # shape in [e^-5, e^5]

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.acceptance_log import (
+from simulator.acceptance import AcceptanceModel
+from simulator.acceptance_log import (
     AcceptanceRecorder,
     LogError,
     conditional_acceptance,
@@ -15,7 +16,6 @@ from calibration.acceptance_log import (
     to_blocks,
     write_log,
 )
-from simulator.acceptance import AcceptanceModel
 from simulator.fit_preset import fit_curve, fit_preset
 from simulator.log_acceptance import LoggedAcceptance
 from simulator.presets import PRESETS, AcceptanceCurve

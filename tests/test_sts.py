@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from calibration.acceptance_log import to_blocks
-from calibration.sts import (
+from simulator.acceptance_log import to_blocks
+from simulator.sts import (
     auc,
     brier,
     ece,

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from calibration import checkpoints
-from calibration.acceptance_log import to_blocks, validate
 from calibration.corpora import decode, encode, load_corpus, math_corpus, sample_prompts, sample_windows
 from calibration.evaluate import decode_and_record
 from calibration.teacher_forcing import BlockPrediction, drafter_forward, target_forward
 from calibration.train import TrainConfig, drafter_losses, main, position_weights, train_drafter, train_target
+from simulator.acceptance_log import to_blocks, validate
 
 GAMMA = 7
 

@@ -6,9 +6,10 @@ and semantics: ``docs/acceptance_logs.md``). A *block* is the gamma rows of one
 first rejection and null after it (those tokens were discarded, their outcome carries no
 information); it is also null at positions that were not verified (``verified`` False).
 
-This module is torch-free so that the simulator and :mod:`calibration.sts` can read logs:
-:class:`AcceptanceRecorder` consumes the numpy fields of
-:class:`calibration.specdec.StepRecord`.
+The log is an input format of the simulator (like a hardware profile), so it
+lives here, free of torch; :class:`AcceptanceRecorder` is what the torch
+speculative-decoding loop in ``calibration/`` calls with the numpy fields of
+its step records.
 """
 
 from __future__ import annotations
