@@ -15,6 +15,18 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Torch on one thread for a whole test module (its module fixtures included): deterministic
+    timings and results, and no OpenMP oversubscription on a shared 2-core machine."""
+    import torch  # imported here so that torch-free test modules do not pay for it
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def default_profile():
     return load_profile("h200_qwen3-8b_analytic")

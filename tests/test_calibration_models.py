@@ -9,14 +9,7 @@ from calibration.drafters import DraftOutput, ParallelDrafter, build_drafter
 from calibration.model import Verifier, build_verifier
 from calibration.shapes import get_shape
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny tensors: one thread is as fast and immune to OpenMP oversubscription on shared CI cores
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture

@@ -18,12 +18,7 @@ from simulator.acceptance_log import to_blocks, validate
 GAMMA = 7
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def sharp(module: torch.nn.Module) -> torch.nn.Module:

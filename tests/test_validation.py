@@ -48,14 +48,7 @@ ERROR_TARGET = 0.10
 NOISE_MARGIN = 0.15
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Torch on one thread for the whole module (module fixtures included): deterministic, and no OpenMP
-    oversubscription on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
