@@ -27,6 +27,21 @@ def torch_one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def tiny_verifier_v8(torch_one_thread):
+    """The tiny torch verifier with an 8-token vocabulary and fixed random weights, small enough
+    that exact output distributions can be enumerated."""
+    import dataclasses
+
+    import torch
+
+    from calibration.model import build_verifier
+    from calibration.shapes import get_shape
+
+    shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=8)
+    return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)
+
+
 @pytest.fixture(scope="session")
 def default_profile():
     return load_profile("h200_qwen3-8b_analytic")

@@ -8,16 +8,13 @@ at temperature 1, whatever the drafter proposes and the policy verifies.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2
 
 from calibration.drafters import build_drafter
-from calibration.model import Verifier, build_verifier
-from calibration.shapes import get_shape
+from calibration.model import Verifier
 from calibration.specdec import SpeculativeDecoder
 from policies import make_policy
 from policies.base import CostCurve
@@ -33,9 +30,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=VOCAB)
-    return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)
+def verifier(tiny_verifier_v8):
+    return tiny_verifier_v8
 
 
 def exact_first_two(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:

@@ -10,18 +10,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2
 
 from calibration.drafters import build_drafter
-from calibration.model import Verifier, build_verifier
+from calibration.model import Verifier
 from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving_batch import LiveBatch
-from calibration.shapes import get_shape
 from calibration.validate import main
 from calibration.validation_setup import ValidationConfig
 from policies import DSpark, Greedy, make_policy
@@ -52,9 +49,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
-def verifier() -> Verifier:
-    shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=VOCAB)
-    return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)
+def verifier(tiny_verifier_v8):
+    return tiny_verifier_v8
 
 
 def exact_first_three(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:
