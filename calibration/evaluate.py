@@ -36,18 +36,26 @@ from traces.workload import DOMAINS
 FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
 
 
-def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int]], num_tokens: int, gamma: int,
-                      domain: str, rng: np.random.Generator, generator: torch.Generator) -> pd.DataFrame:
-    """Decode ``prompts`` with every draft token verified; log each step of each request still decoding."""
+def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int]], num_tokens: int | np.ndarray,
+                      gamma: int, domain: str, rng: np.random.Generator, generator: torch.Generator,
+                      max_kept_tokens: int | None = None) -> pd.DataFrame:
+    """Decode ``prompts`` with every draft token verified; log each step of each request still decoding.
+
+    ``num_tokens``: output tokens to decode, one number or one per prompt. ``max_kept_tokens=1`` keeps one
+    token per step, which records a *dense* log (a block at every output position, for in-order replay).
+    """
+    targets = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), (len(prompts),))
     decoder = SpeculativeDecoder(target, drafter, make_policy(f"mtp{gamma}"), FLAT_COST, gamma)
     recorder = AcceptanceRecorder(drafter.kind, domain, gamma, range(len(prompts)))
-    decoder.start(prompts, num_tokens)
+    decoder.start(prompts, int(targets.max()))
     while True:
-        active = np.array([len(o) < num_tokens for o in decoder.outputs])
+        decoded = np.array([len(o) for o in decoder.outputs])
+        active = decoded < targets
         if not active.any():
             break
-        rec = decoder.step(rng, generator)
-        recorder.record(rec.lengths, rec.accepted, rec.confidence, rec.draft_prob, rec.analytic_acceptance, active)
+        rec = decoder.step(rng, generator, max_kept_tokens)
+        recorder.record(rec.lengths, rec.accepted, rec.confidence, rec.draft_prob, rec.analytic_acceptance, active,
+                        decoded)
     return recorder.frame()
 
 

@@ -99,9 +99,20 @@ class SpeculativeDecoder:
         self.memory = PolicyMemory()
 
     @torch.inference_mode()
-    def step(self, rng: np.random.Generator, generator: torch.Generator) -> StepRecord:
+    def step(self, rng: np.random.Generator, generator: torch.Generator,
+             max_kept_tokens: int | None = None) -> StepRecord:
+        """One engine step of every request.
+
+        ``max_kept_tokens``: keep only the first n of each request's emitted tokens
+        and discard the rest (the record still reports the whole verification). Any
+        prefix of a speculative step's output is distributed as the target's, so this
+        stays lossless; with n = 1 every output position gets a verified block of its
+        own (what an acceptance log replayed in order needs).
+        """
         if self.anchors is None:
             raise RuntimeError("call start(prompts, max_new_tokens) first")
+        if max_kept_tokens is not None and max_kept_tokens < 1:
+            raise ValueError(f"max_kept_tokens must be >= 1 or None, got {max_kept_tokens}")
         num_requests, device = self.num_requests, self.anchors.device
         slots = torch.arange(num_requests)
         num_draft = self.policy.draft_tokens(self.gamma)
@@ -133,10 +144,11 @@ class SpeculativeDecoder:
             analytic[r, :lengths[r]] = np.minimum(rows[:lengths[r]], q[:lengths[r]]).sum(axis=-1)
             outcome = verify_block(rows, q, [int(t) for t in draft_tokens[r, :lengths[r]]], rng)
             accepted[r] = outcome.num_accepted
-            emitted.append(outcome.tokens)
-            self.outputs[r].extend(outcome.tokens)
+            emitted.append(outcome.tokens[:max_kept_tokens])
+            self.outputs[r].extend(emitted[-1])
 
-        kept = (accepted + 1).tolist()  # the anchor and the accepted draft tokens
+        # The cache keeps the anchor and the kept accepted draft tokens; the last kept token is the next anchor.
+        kept = [len(e) for e in emitted]
         keep_rows = torch.as_tensor(np.concatenate([starts[r] + np.arange(kept[r]) for r in ids]), device=device)
         self.cache.commit(slots, kept)
         self.drafter.extend_context(slots, self.drafter.features_of(out)[keep_rows], kept)

@@ -72,7 +72,7 @@ class Validation:
     config: ValidationConfig
     table: pd.DataFrame
     profile: HardwareProfile
-    log: pd.DataFrame
+    logs: dict[int, pd.DataFrame]  # draft tokens per block -> the acceptance log replayed for those policies
     models: str
     real: dict[tuple[str, int], Any]  # (policy, users) -> ServingResults
     sim: dict[tuple[str, int], Any]  # (policy, users) -> simulator Results
@@ -129,29 +129,45 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
     profile = measure_profile(cfg, models)
     profile_reference_s = 0.5 * (reference_before_s + reference())
     with tempfile.TemporaryDirectory(prefix="specsched-validate-") as tmp:
-        if cfg.log is not None:
-            log_path = Path(cfg.log)
-            log = read_log(log_path)
-            progress(f"acceptance log: {cfg.log}")
-        else:
-            progress("recording an acceptance log (every draft token verified)")
-            log = record_log(cfg, models)
-            log_path = write_log(log, Path(tmp) / "acceptance_log.parquet")
-        sim_profile, drafter_spec = simulator_setup(cfg, profile, log_path)
-        rows, reals, sims = _points(cfg, models, profile, sim_profile, drafter_spec, reference, profile_reference_s,
-                                    progress)
-    return Validation(cfg, pd.DataFrame(rows), profile, log, models.description, reals, sims)
+        logs, setups = {}, {}
+        for num_draft in _draft_counts(cfg):
+            if cfg.log is not None:
+                logs[num_draft] = read_log(cfg.log)
+                progress(f"acceptance log: {cfg.log}")
+                log_path = Path(cfg.log)
+            else:
+                progress(f"recording a dense acceptance log, {num_draft} draft token(s) per block")
+                logs[num_draft] = record_log(cfg, models, num_draft)
+                log_path = write_log(logs[num_draft], Path(tmp) / f"acceptance_log_g{num_draft}.parquet")
+            setups[num_draft] = simulator_setup(cfg, profile, log_path, num_draft)
+        rows, reals, sims = _points(cfg, models, profile, setups, reference, profile_reference_s, progress)
+    return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims)
 
 
-def _points(cfg: ValidationConfig, models: Models, profile: HardwareProfile, sim_profile: HardwareProfile,
-            drafter_spec: DrafterSpec, reference: Callable[[], float], profile_reference_s: float,
-            progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict, dict]:
+def _draft_counts(cfg: ValidationConfig) -> list[int]:
+    """The block sizes the policies draft. A log recorded here has blocks of each: a block drafter's tokens attend
+    to each other, so drafting 1 token is not the first position of a 7-token block. A given ``--log`` serves all
+    (its first g positions)."""
+    if cfg.log is not None:
+        return [cfg.gamma]
+    return sorted({max(make_policy(name).draft_tokens(cfg.gamma), 1) for name in cfg.policies})
+
+
+def _setup_for(setups: dict[int, tuple[HardwareProfile, DrafterSpec]], num_draft: int) -> tuple[HardwareProfile,
+                                                                                              DrafterSpec]:
+    return setups[num_draft] if num_draft in setups else setups[max(setups)]
+
+
+def _points(cfg: ValidationConfig, models: Models, profile: HardwareProfile,
+            setups: dict[int, tuple[HardwareProfile, DrafterSpec]], reference: Callable[[], float],
+            profile_reference_s: float, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict, dict]:
     """Simulate and serve every (policy, users) point; the machine drift is measured around each real run."""
     serving_models = ServingModels(models.verifier, models.drafter, models.prompts, profile.cost_curve,
                                    models.description)
     rows, reals, sims = [], {}, {}
     for name in cfg.policies:
         policy = make_policy(name)
+        sim_profile, drafter_spec = _setup_for(setups, max(policy.draft_tokens(cfg.gamma), 1))
         for users in cfg.users:
             traffic = cfg.traffic(users)
             sim_spec = SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
@@ -171,12 +187,14 @@ def _points(cfg: ValidationConfig, models: Models, profile: HardwareProfile, sim
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
-    """profile.json, acceptance_log.parquet, points.csv, validation.md, frontier.png and the real tables."""
+    """profile.json, acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real
+    tables."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"profile": out / "profile.json", "log": out / "acceptance_log.parquet", "points": out / "points.csv",
+    paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
     result.profile.save(paths["profile"])
-    write_log(result.log, paths["log"])
+    for num_draft, log in result.logs.items():
+        paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
     paths["report"].write_text(report_text(result) + "\n")
     fig = frontier_figure(result.table, f"{result.models}\nsolid: real loop, dashed: simulator "

@@ -189,55 +189,45 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
     return measure_s
 
 
-def record_log(cfg: ValidationConfig, models: Models) -> pd.DataFrame:
-    """An acceptance log of the served models on the traffic's own lengths, every draft token verified.
+def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.DataFrame:
+    """A dense acceptance log of the served models on the traffic's prompts: a verified block of ``num_draft``
+    tokens at every output position, replayed in order by the simulator
+    (:class:`simulator.log_acceptance.LoggedAcceptance`).
 
-    Per domain, ``log_requests`` requests with prompt and output lengths drawn from
-    the traffic's length distributions (acceptance and confidence depend on the
-    context length, so the log must see the contexts the runs see), decoded
-    together by :class:`calibration.specdec.SpeculativeDecoder` under ``mtp<gamma>``
-    (as :func:`calibration.evaluate.decode_and_record`, with a length per request);
-    only steps of requests still decoding are logged.
+    Per domain, ``log_requests`` requests with prompt lengths drawn from the traffic's
+    distribution are decoded together by :class:`calibration.specdec.SpeculativeDecoder`
+    under ``mtp<num_draft>`` (every draft token verified), keeping one token per step, up
+    to the traffic's longest output: any simulated request finds a logged block at every
+    position it reaches, with the context length it has there.
     """
-    from calibration.evaluate import FLAT_COST
-    from calibration.specdec import SpeculativeDecoder
-    from simulator.acceptance_log import AcceptanceRecorder
+    from calibration.evaluate import decode_and_record
 
     frames = []
     for d_idx, domain in enumerate(DOMAINS):
         seeds = np.random.SeedSequence([cfg.seed, 7, d_idx])
         rng = np.random.default_rng(seeds)
         sampler = RequestSampler(replace(cfg.traffic(1), domain_mix={domain: 1.0}))
-        _, prompt_tokens, output_tokens = sampler.sample(rng, cfg.log_requests)
+        _, prompt_tokens, _ = sampler.sample(rng, cfg.log_requests)
         # The decoder's last prompt token is its first anchor: it stands for the prefill's first output token.
         prompts = [models.prompts(domain, int(n) + 1, rng) for n in prompt_tokens]
-        targets = np.maximum(output_tokens - 1, 1)  # tokens decoded after the first one
         generator = torch.Generator().manual_seed(int(seeds.generate_state(1)[0]))
-        decoder = SpeculativeDecoder(models.verifier, models.drafter, make_policy(f"mtp{cfg.gamma}"), FLAT_COST,
-                                     cfg.gamma)
-        recorder = AcceptanceRecorder(models.drafter.kind, domain, cfg.gamma, range(cfg.log_requests))
-        decoder.start(prompts, int(targets.max()))
-        while True:
-            active = np.array([len(out) < t for out, t in zip(decoder.outputs, targets, strict=True)])
-            if not active.any():
-                break
-            rec = decoder.step(rng, generator)
-            recorder.record(rec.lengths, rec.accepted, rec.confidence, rec.draft_prob, rec.analytic_acceptance,
-                            active)
-        frames.append(recorder.frame())
+        frames.append(decode_and_record(models.verifier, models.drafter, prompts, cfg.max_output_tokens - 1,
+                                        num_draft, domain, rng, generator, max_kept_tokens=1))
     return pd.concat(frames, ignore_index=True)
 
 
-def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile,
-                    log_path: Path) -> tuple[HardwareProfile, DrafterSpec]:
-    """(profile, drafter spec) that make ``simulate`` take its acceptance from the log at ``log_path``.
+def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: Path,
+                    num_draft: int | None = None) -> tuple[HardwareProfile, DrafterSpec]:
+    """(profile, drafter spec) that make ``simulate`` take its acceptance from the log at ``log_path``, for
+    policies that draft ``num_draft`` tokens (default gamma; the drafter spec's gamma).
 
     ``replay``: :class:`simulator.log_acceptance.LoggedAcceptance` through ``DrafterSpec.log``.
     ``fitted``: a preset fitted to the log (:func:`simulator.fit_preset.fit_preset`), installed under a new
     name; the profile's draft table of the drafter is copied under that name (same measured latencies).
     """
+    gamma = cfg.gamma if num_draft is None else num_draft
     if cfg.acceptance == "replay":
-        return profile, DrafterSpec(cfg.drafter, cfg.gamma, log=str(log_path))
+        return profile, DrafterSpec(cfg.drafter, gamma, log=str(log_path))
     from simulator.fit_preset import fit_preset
     from simulator.presets import PRESETS
 
@@ -248,5 +238,5 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile,
     raw = json.loads(json.dumps(profile.raw))
     raw["draft"][name] = raw["draft"][cfg.drafter]
     renamed = profile_from_dict(raw, profile.path)
-    return renamed, DrafterSpec(name, cfg.gamma, confidence=fitted.confidence_spec())
+    return renamed, DrafterSpec(name, gamma, confidence=fitted.confidence_spec())
 

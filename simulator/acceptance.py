@@ -212,8 +212,12 @@ class AcceptanceModel:
         return rng.standard_normal(num_requests)
 
     def sample_step(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
-                    num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens)."""
+                    num_draft_tokens: int, decoded_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens).
+
+        ``decoded_tokens`` [R] (output tokens each request has decoded) is accepted for the interface's sake;
+        the parametric model does not depend on the position in the output.
+        """
         g = num_draft_tokens
         num_requests = domain_idx.shape[0]
         if g == 0 or num_requests == 0:

@@ -33,6 +33,7 @@ COLUMNS: dict[str, str] = {  # name -> pandas dtype as written
     "analytic_acceptance": "Float64",  # 1 - TV(p_d, p_t) at this position; null where not verified
     "accepted": "boolean",  # null after the first rejection and where not verified
     "verified": "boolean",
+    "decoded_tokens": "Int64",  # output tokens the request had decoded before this step; null when unknown
 }
 REQUIRED = ("request_id", "step", "position", "domain", "drafter", "gamma", "confidence", "accepted")
 BLOCK_KEYS = ("drafter", "domain", "request_id", "step")
@@ -52,10 +53,13 @@ class AcceptanceRecorder:
         self._steps = np.zeros(self.request_ids.size, dtype=np.int64)  # [R] steps logged per request
 
     def record(self, lengths: np.ndarray, accepted: np.ndarray, confidence: np.ndarray | None,
-               draft_prob: np.ndarray, analytic_acceptance: np.ndarray, active: np.ndarray | None = None) -> None:
+               draft_prob: np.ndarray, analytic_acceptance: np.ndarray, active: np.ndarray | None = None,
+               decoded_tokens: np.ndarray | None = None) -> None:
         """Add one step: ``lengths``/``accepted`` [R] verified/accepted draft tokens, the rest [R, g].
 
         ``active`` [R] bool keeps only the requests still decoding (default: all).
+        ``decoded_tokens`` [R]: output tokens each request had decoded before this step
+        (lets the simulator replay a request's blocks in order; null if omitted).
         """
         num_requests, g = draft_prob.shape
         keep = np.ones(num_requests, dtype=bool) if active is None else np.asarray(active, dtype=bool)
@@ -67,6 +71,7 @@ class AcceptanceRecorder:
         outcome[~verified | (position > accepted[:, None] + 1)] = np.nan  # null after the first rejection
         rows = np.repeat(keep, g)
         conf = np.full((num_requests, g), np.nan) if confidence is None else confidence
+        decoded = np.full(num_requests, np.nan) if decoded_tokens is None else np.asarray(decoded_tokens, float)
         frame = pd.DataFrame({
             "request_id": np.repeat(self.request_ids, g)[rows],
             "step": np.repeat(self._steps, g)[rows],
@@ -75,6 +80,7 @@ class AcceptanceRecorder:
             "confidence": conf.reshape(-1)[rows], "draft_prob": draft_prob.reshape(-1)[rows],
             "analytic_acceptance": np.where(verified, analytic_acceptance, np.nan).reshape(-1)[rows],
             "accepted": outcome.reshape(-1)[rows], "verified": verified.reshape(-1)[rows],
+            "decoded_tokens": np.repeat(decoded, g)[rows],
         })
         self._chunks.append(frame)
         self._steps += keep
@@ -110,7 +116,19 @@ def _convert(column: pd.Series, dtype: str) -> pd.Series | pd.api.extensions.Ext
         if bad.size:
             raise ValueError(f"row {int(bad[0])}: {column.iloc[int(bad[0])]!r} is not an integer")
         return pd.Series(values.astype(np.int64), index=column.index)
+    if dtype == "Int64":
+        values = _as_float(column)
+        bad = np.flatnonzero(~np.isnan(values) & (values != np.round(values)))
+        if bad.size:
+            raise ValueError(f"row {int(bad[0])}: {column.iloc[int(bad[0])]!r} is not an integer")
+        return _nullable_int(values)
     return column.astype(dtype)
+
+
+def _nullable_int(values: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    out = pd.array(np.where(np.isnan(values), 0, values).astype(np.int64), dtype="Int64")
+    out[np.isnan(values)] = pd.NA
+    return out
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
@@ -144,6 +162,8 @@ def read_log(path: str | Path) -> pd.DataFrame:
         raise LogError(f"acceptance log {path}: missing column(s) {missing}; required: {list(REQUIRED)}")
     if "verified" not in df.columns:
         df["verified"] = True
+    if "decoded_tokens" not in df.columns:
+        df["decoded_tokens"] = pd.NA
     try:
         df = _typed(df)
     except (TypeError, ValueError) as err:
@@ -197,6 +217,29 @@ def validate(df: pd.DataFrame, source: str = "<frame>") -> None:
     prev_verified = np.concatenate(([True], verified[:-1]))
     prev_verified[first] = True
     _fail(source, "verified", df, _unsort(verified & ~prev_verified, order), "verified positions must form a prefix")
+    if "decoded_tokens" in s:
+        _validate_decoded(df, s, order, block, first, source)
+
+
+def _validate_decoded(df: pd.DataFrame, s: pd.DataFrame, order: np.ndarray, block: np.ndarray, first: np.ndarray,
+                      source: str) -> None:
+    """``decoded_tokens``: >= 0, one value per block, known for all or none of a request's blocks, and growing
+    with ``step`` (a request decodes at least one token per step)."""
+    decoded = s["decoded_tokens"].to_numpy(dtype="float64", na_value=np.nan)
+    _fail(source, "decoded_tokens", df, _unsort(decoded < 0, order), "must be >= 0")
+    head = decoded[first]  # [N] per block
+    same = np.isclose(decoded, head[block]) | (np.isnan(decoded) & np.isnan(head[block]))
+    _fail(source, "decoded_tokens", df, _unsort(~same, order), "must be the same at every position of a block")
+    keys = [s[k].to_numpy()[first] for k in ("drafter", "domain", "request_id")]
+    same_request = np.ones(head.size, dtype=bool)
+    same_request[0] = False
+    same_request[1:] = np.all([k[1:] == k[:-1] for k in keys], axis=0)
+    prev = np.concatenate(([np.nan], head[:-1]))
+    mixed = same_request & (np.isnan(head) != np.isnan(prev))
+    shrinking = same_request & (head <= prev)
+    bad_block = mixed | shrinking
+    _fail(source, "decoded_tokens", df, _unsort(bad_block[block], order),
+          "must be known for all or none of a request's steps and grow from one step to the next")
 
 
 def _unsort(flags: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -218,6 +261,7 @@ class Blocks:
     analytic_acceptance: np.ndarray  # [N, G] (NaN where not verified)
     num_accepted: np.ndarray  # [N] accepted draft tokens (leading accepted positions)
     num_verified: np.ndarray  # [N]
+    decoded_tokens: np.ndarray  # [N] output tokens decoded before the step; -1 where the log has none
 
     @property
     def gamma(self) -> int:
@@ -253,7 +297,9 @@ def to_blocks(df: pd.DataFrame, source: str = "<frame>") -> Blocks:
                   head["request_id"].to_numpy(np.int64), head["step"].to_numpy(np.int64), matrix("confidence"),
                   matrix("draft_prob") if "draft_prob" in s else np.full(acc.shape, np.nan),
                   matrix("analytic_acceptance") if "analytic_acceptance" in s else np.full(acc.shape, np.nan),
-                  leading.astype(np.int64), verified.sum(axis=1).astype(np.int64))
+                  leading.astype(np.int64), verified.sum(axis=1).astype(np.int64),
+                  np.nan_to_num(head["decoded_tokens"].to_numpy(dtype="float64", na_value=np.nan), nan=-1.0)
+                  .astype(np.int64) if "decoded_tokens" in s else np.full(len(head), -1, dtype=np.int64))
 
 
 def conditional_acceptance(num_accepted: np.ndarray, gamma: int) -> np.ndarray:

@@ -155,8 +155,9 @@ class DecodeEngine:
                 continue
             active = self.active
             num_requests = active.size
+            decoded_tokens = store.output_tokens[active] - 1 - self.remaining  # after the prefill's first token
             confidence, accepted = self.acceptance.sample_step(
-                self.rng, store.domain_idx[active], store.difficulty[active], g)
+                self.rng, store.domain_idx[active], store.difficulty[active], g, decoded_tokens)
             draft_s, sched_s, cost = self._step_cost(num_requests)
             view = StepView(confidence=confidence, cost=cost,
                             history=tuple(self.history), smoothed=self.smoothed,

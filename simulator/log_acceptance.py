@@ -6,11 +6,26 @@ Same interface as :class:`simulator.acceptance.AcceptanceModel`. How a log is re
   per simulated request. In ``sample_step`` the request of domain d replays logged
   request ``floor(u * n_d)`` of that domain (requests sorted by id), for its whole
   life: a hard logged request stays hard.
-* **Steps.** Each simulated step draws one of that logged request's blocks uniformly
-  with replacement and returns its confidences and its accepted draft count (the
-  number of leading accepted positions). Logged requests are equally likely; a
-  simulated request runs as many steps as its output length needs, so easy logged
-  requests contribute fewer steps, as they did in the log.
+* **Steps, in order** (``order="walk"``). A simulated request that has decoded p
+  output tokens replays the logged request's block recorded when it had decoded p
+  tokens (the last block at or before p), so it walks through the logged text as a
+  real request would: confidence and acceptance keep their dependence on the
+  context length and on the part of the text being written, and which positions a
+  request visits depends on how far the policy lets it advance. Exact for a
+  *dense* log, one block at every output position
+  (``calibration.specdec.SpeculativeDecoder.step(max_kept_tokens=1)``): with it a
+  request's outcomes are those of the logged model at each position it reaches.
+  Needs the log's ``decoded_tokens`` column; a position past the logged request's
+  last block (and the tokens that block accepted) is an error: record the log at
+  least as long as the simulated outputs.
+* **Steps, independent** (``order="independent"``). Each simulated step draws one of
+  that logged request's blocks uniformly with replacement. Logged requests are
+  equally likely; a simulated request runs as many steps as its output length
+  needs, so easy logged requests contribute fewer steps, as they did in the log;
+  but the population of blocks is the one the logging policy visited (``mtp<gamma>``
+  visits hard stretches of text more densely than ``mtp1``), and the step-to-step
+  correlation is lost.
+* ``order="auto"`` (default) walks dense logs and draws the others independently.
 * **After the first rejection** the log's outcomes are null: those tokens were
   discarded and carry no information, and none is needed, because the accepted count
   is fixed by the first rejection. Confidences exist at every position and are
@@ -40,6 +55,7 @@ from simulator.acceptance_log import LogError, read_log, to_blocks
 from traces.workload import DOMAINS
 
 BeyondLogged = Literal["error", "chain"]
+Order = Literal["auto", "walk", "independent"]
 
 
 class LoggedAcceptance:
@@ -47,7 +63,7 @@ class LoggedAcceptance:
 
     def __init__(self, log: str | Path | pd.DataFrame, drafter: str | None = None, gamma: int | None = None,
                  confidence_column: Literal["auto", "confidence", "draft_prob"] = "auto",
-                 beyond_logged: BeyondLogged = "error") -> None:
+                 beyond_logged: BeyondLogged = "error", order: Order = "auto") -> None:
         source = str(log) if not isinstance(log, pd.DataFrame) else "<frame>"
         df = read_log(log) if not isinstance(log, pd.DataFrame) else log
         drafters = sorted(df["drafter"].unique())
@@ -78,6 +94,7 @@ class LoggedAcceptance:
                              f"pass beyond_logged='chain' to chain logged blocks, or log a longer block")
         self.beyond_logged = beyond_logged
         self.source = source
+        self.order = self._order(blocks, order, source)
         self.confidence = self._confidences(blocks, confidence_column, source)  # [N, G]
         self.num_accepted = blocks.num_accepted  # [N]
         # Blocks are sorted by (domain, request_id, step); requests by (domain, request_id).
@@ -86,11 +103,41 @@ class LoggedAcceptance:
         new_request[1:] = (blocks.request_id[1:] != blocks.request_id[:-1]) | (domain_idx[1:] != domain_idx[:-1])
         start = np.flatnonzero(new_request)
         count = np.diff(np.append(start, blocks.request_id.size))
-        order = np.argsort(domain_idx[start], kind="stable")  # group requests in DOMAINS order
-        self.block_start, self.block_count = start[order], count[order]  # [Q] each logged request's blocks
+        grouped = np.argsort(domain_idx[start], kind="stable")  # group requests in DOMAINS order
+        self.block_start, self.block_count = start[grouped], count[grouped]  # [Q] each logged request's blocks
         request_domain = domain_idx[self.block_start]  # [Q]
         self.requests_per_domain = np.bincount(request_domain, minlength=len(DOMAINS))  # [D]
         self.request_offset = np.concatenate(([0], np.cumsum(self.requests_per_domain)[:-1]))  # [D]
+        # Walk lookup: block keys (request rank in block order) * span + decoded tokens grow strictly.
+        self.decoded_tokens = blocks.decoded_tokens  # [N]
+        self._request_rank = grouped  # [Q] rank of each (DOMAINS-grouped) logged request in block order
+        self._key_span = int(blocks.decoded_tokens.max()) + 2 if blocks.decoded_tokens.size else 2
+        self._keys = (np.cumsum(new_request) - 1) * self._key_span + blocks.decoded_tokens  # [N]
+        last = self.block_start + self.block_count - 1
+        self.decoded_end = self.decoded_tokens[last] + self.num_accepted[last] + 1  # [Q] first position not covered
+
+    def _order(self, blocks, order: str, source: str) -> str:
+        if order not in ("auto", "walk", "independent"):
+            raise ValueError(f"order must be auto, walk or independent, got {order!r}")
+        known = blocks.decoded_tokens >= 0
+        if order == "walk" and not known.all():
+            raise LogError(f"acceptance log {source}: order='walk' needs the decoded_tokens column at every block "
+                           f"({int((~known).sum())} block(s) have none); use order='independent'")
+        if order == "auto":
+            order = "walk" if known.all() and self._dense(blocks) else "independent"
+        if order == "walk" and self.beyond_logged == "chain" and self.gamma > self.logged_gamma:
+            raise ValueError("beyond_logged='chain' draws further blocks independently; it needs "
+                             "order='independent'")
+        return order
+
+    @staticmethod
+    def _dense(blocks) -> bool:
+        """Every request has a block at every output position 0, 1, 2, ... (its steps kept one token each)."""
+        first = np.ones(blocks.step.size, dtype=bool)
+        first[1:] = (blocks.request_id[1:] != blocks.request_id[:-1]) | (blocks.domain[1:] != blocks.domain[:-1])
+        step_in_request = np.arange(blocks.step.size) - np.maximum.accumulate(np.where(first, np.arange(first.size),
+                                                                                         0))
+        return bool(np.array_equal(blocks.decoded_tokens, step_in_request))
 
     @staticmethod
     def _confidences(blocks, column: str, source: str) -> np.ndarray:
@@ -126,9 +173,28 @@ class LoggedAcceptance:
         u = rng.random((request.size, num_chunks))
         return self.block_start[request][:, None] + (u * self.block_count[request][:, None]).astype(np.int64)
 
+    def _walk_blocks(self, request: np.ndarray, decoded_tokens: np.ndarray) -> np.ndarray:
+        """[R] the block each request replays at its position: the last one logged at or before it."""
+        keys = self._request_rank[request] * self._key_span + np.minimum(decoded_tokens, self._key_span - 1)
+        block = np.searchsorted(self._keys, keys, side="right") - 1
+        outside = (decoded_tokens < self.decoded_tokens[self.block_start[request]]) | (
+            decoded_tokens >= self.decoded_end[request])
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            q = int(request[i])
+            raise ValueError(f"acceptance log {self.source}: a simulated request at output position "
+                             f"{int(decoded_tokens[i])} replays logged request {q} of its domain, which covers "
+                             f"positions {int(self.decoded_tokens[self.block_start[q]])}.."
+                             f"{int(self.decoded_end[q]) - 1}; record the log at least as long as the simulated "
+                             f"outputs (traffic max_output_tokens), or replay with order='independent'")
+        return block
+
     def sample_step(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
-                    num_draft_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens)."""
+                    num_draft_tokens: int, decoded_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens).
+
+        ``decoded_tokens`` [R]: output tokens each request has decoded so far (needed by ``order="walk"``).
+        """
         g = num_draft_tokens
         num_requests = domain_idx.shape[0]
         if g == 0 or num_requests == 0:
@@ -136,6 +202,11 @@ class LoggedAcceptance:
         if g > self.gamma:
             raise ValueError(f"{g} draft tokens requested but the logged acceptance was built for gamma={self.gamma}")
         request = self.logged_request(domain_idx, difficulty)
+        if self.order == "walk":
+            if decoded_tokens is None:
+                raise ValueError("LoggedAcceptance(order='walk') needs each request's decoded_tokens")
+            block = self._walk_blocks(request, np.asarray(decoded_tokens, dtype=np.int64))
+            return self.confidence[block, :g], np.minimum(self.num_accepted[block], g)
         big = self.logged_gamma
         num_chunks = -(-g // big)
         block = self._draw_blocks(rng, request, num_chunks)  # [R, C]

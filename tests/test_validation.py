@@ -212,7 +212,8 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
                    "--nice", "-10", "--seed", "0", "--out", str(out)])
     table = result.table
     assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
-    for name in ("profile.json", "acceptance_log.parquet", "points.csv", "validation.md", "frontier.png"):
+    for name in ("profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet", "points.csv",
+                 "validation.md", "frontier.png"):
         assert (out / name).stat().st_size > 0
     assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
