@@ -44,12 +44,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from calibration.drafters import Drafter
 from calibration.model import Verifier
 from policies import Greedy, make_policy
-from policies.base import CostCurve, StepView
-from policies.step_memory import CostSource
+from policies.base import CostCurve, Policy
+from policies.step_memory import CostSource, PolicyMemory
 from simulator.engine import EngineLimits
 from simulator.profile import HardwareProfile, profile_from_dict
 from traces.synthetic import LengthSpec, TrafficSpec
@@ -170,13 +171,32 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
 def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
                     probe_requests: tuple[int, ...], prefill_tokens: tuple[int, int],
                     lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
-                    on_point: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them."""
+                    on_point: Callable[[str], None] = lambda _: None,
+                    policies: tuple[str, ...] = ("greedy",)) -> dict[str, Any]:
+    """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
+
+    The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
+    ``inline`` and gets an entry per policy in ``policies``, each timed as the loop runs it: right after a
+    drafter pass (:func:`measure_scheduler`'s ``between``).
+    """
+    from calibration.profile_gpu import draft_call
+
     gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
     reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
+    context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
+    device = next(drafter.parameters()).device
+    drafter_pass = draft_call(drafter, context, device, torch.Generator(device).manual_seed(seed), 1, gamma)()
+    cost = profile_from_dict(profile).cost_curve
     on_point("scheduler (greedy decide)")
-    fixed_s, per_candidate_s = measure_scheduler(profile_from_dict(profile).cost_curve, reqs, tuple(gammas),
-                                                 np.random.default_rng(seed))
+    fixed_s, per_candidate_s = measure_scheduler(cost, reqs, tuple(gammas), np.random.default_rng(seed),
+                                                 between=drafter_pass)
+    by_policy = {}
+    for name in policies:
+        policy = make_policy(name)
+        if policy.draft_tokens(gamma) > 0 and policy.name not in by_policy:
+            on_point(f"scheduler ({name} decide)")
+            fit = measure_scheduler(cost, reqs, tuple(gammas), np.random.default_rng(seed), policy, drafter_pass)
+            by_policy[policy.name] = {"fixed_s": fit[0], "per_candidate_s": fit[1]}
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
                                                             np.random.default_rng(seed), warmup, repeats)
@@ -186,8 +206,11 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     out = costs.fold(isolated)
     meta = out["metadata"]
     meta["forward_only"]["verifier_prefill"] = profile["prefill"]
-    out["scheduler"] = {"fixed_s": fixed_s, "per_candidate_s": per_candidate_s}
-    meta["scheduler_source"] = "measured: policies.Greedy.decide on this host, fixed + per candidate fit"
+    out["scheduler"] = {"fixed_s": fixed_s, "per_candidate_s": per_candidate_s, "inline": True,
+                        "policies": by_policy}
+    meta["scheduler_source"] = ("measured on this host right after a drafter pass, fixed + per candidate fit: "
+                                "policies.Greedy.decide (default) and each policy under 'policies'; inline: the "
+                                "serving loop decides on the critical path")
     meta["timing"] += "; serving-loop costs folded in (metadata.loop_costs)"
     meta["prefill_definition"] = ("serving-loop prefill (calibration.serving_batch): verifier forward over the "
                                   "prompt, the drafter's context and the first token")
@@ -196,24 +219,36 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
 
 
 def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
-                      rng: np.random.Generator, repeats: int = 50) -> tuple[float, float]:
-    """(fixed_s, per_candidate_s): median time of Greedy.decide over (R, gamma), fitted by least squares."""
-    policy, xs, ys = Greedy(), [], []
+                      rng: np.random.Generator, policy: Policy | None = None,
+                      between: Callable[[], object] | None = None, repeats: int = 50) -> tuple[float, float]:
+    """(fixed_s, per_candidate_s): median time of ``policy.decide`` (default greedy) over (R, draft tokens), fitted
+    by least squares over the candidates R x g.
+
+    The policy is driven step after step through :class:`policies.step_memory.PolicyMemory`, as in the
+    serving loop, so stale pools and EMA rows are real. ``between`` runs before every timed decision: in the
+    loop the drafter's forward pass comes right before it and leaves the CPU's caches holding the model, which
+    makes a decision several times slower than the same call repeated alone.
+    """
+    policy = Greedy() if policy is None else policy
+    xs, ys = [], []
     for r in num_requests:
         curve = cost if isinstance(cost, CostCurve) else cost(r)
-        for g in draft_tokens:
+        for g in sorted({policy.draft_tokens(d) for d in draft_tokens} - {0}):
             if r * (1 + g) > curve.batch_tokens[-1]:
                 continue  # the policy cannot price a batch the table does not cover
-            times = []
+            memory, ids, times = PolicyMemory(), tuple(range(r)), []
             for _ in range(repeats):
-                view = StepView(confidence=rng.uniform(0.05, 1.0, size=(r, g)), cost=curve)
+                view = memory.view(ids, rng.uniform(0.05, 1.0, size=(r, g)), curve)
+                if between is not None:
+                    between()
                 start = time.perf_counter()
-                policy.decide(view)
+                decision = policy.decide(view)
                 times.append(time.perf_counter() - start)
+                memory = memory.after(policy, ids, decision)
             xs.append(r * g)
             ys.append(statistics.median(times))
-    if len(xs) < 2:
-        raise ValueError("measure_scheduler needs >= 2 (R, gamma) points inside the cost table")
+    if len(set(xs)) < 2:
+        raise ValueError(f"measure_scheduler({policy.name}) needs >= 2 (R, g) points inside the cost table")
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
     return max(float(intercept), 0.0), max(float(slope), 0.0)
 

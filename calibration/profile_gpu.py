@@ -153,11 +153,11 @@ def verify_call(model: Verifier, forward: Callable, device: torch.device, gen: t
     return prepare
 
 
-def draft_call(drafter: Drafter, cfg: ProfileConfig, device: torch.device, gen: torch.Generator,
+def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.Generator,
                num_requests: int, gamma: int) -> Prepare:
-    """Sets up one drafter step (one committed token, then ``propose``) of R requests with its own cache."""
+    """Sets up one drafter step (one committed token, then ``propose``) of R requests over ``context`` tokens with
+    its own cache."""
     def prepare() -> Callable[[], object]:
-        context = max(cfg.context_tokens)
         drafter.new_cache(num_requests, context + 1)
         cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
         assert cache is not None
@@ -255,10 +255,11 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
         points.append((f"per-request R={r}", verify_call(model, forward, device, gen, r, [1] * r, ctx_hi)))
         points.append((f"per-request R={r} (base)", verify_call(model, forward, device, gen, r, [1] * r, ctx_lo)))
     drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
+    context = max(cfg.context_tokens)
     for kind, drafter in drafters.items():
         for r in cfg.num_requests:
             for g in cfg.draft_tokens:
-                points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, cfg, device, gen, r, g)))
+                points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, context, device, gen, r, g)))
     times = iter(time_points(points, cfg, device, on_point))
 
     curves: dict[str, dict[str, list]] = {str(c): {"batch_tokens": [], "steps_per_s": []} for c in cfg.context_tokens}

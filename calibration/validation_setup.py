@@ -158,7 +158,8 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     # The loop's own costs, probed on the workload's lengths: attention pads to the longest context in a batch.
     lengths = LengthSpec(cfg.prompt_tokens, cfg.length_sigma, cfg.output_tokens, cfg.length_sigma)
     data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
-                           profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats)
+                           profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
+                           policies=cfg.policies)
     data["metadata"]["model"] = models.description
     return profile_from_dict(data, "<validation profile>")
 
@@ -172,8 +173,7 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
 
     device, gen = torch.device("cpu"), torch.Generator().manual_seed(cfg.seed)
     context = cfg.prompt_tokens + cfg.output_tokens // 2
-    probe_cfg = replace(profile_config(cfg), context_tokens=(0, context))
-    draft = draft_call(models.drafter, probe_cfg, device, gen, 1, cfg.gamma)()
+    draft = draft_call(models.drafter, context, device, gen, 1, cfg.gamma)()
     verify = verify_call(models.verifier, models.verifier, device, gen, 1 + cfg.gamma, [1 + cfg.gamma], context)()
 
     @torch.inference_mode()

@@ -4,7 +4,8 @@ Each step: admit waiting requests (concurrency and KV capacity permitting),
 draw the drafter's confidences and the true outcomes for the active requests,
 ask the policy for verification lengths l_r, spend
 
-    T_step = T_draft(R, gamma) + [T_sched if the policy is synchronous] + 1 / SPS_R(B),   B = sum_r (1 + l_r)
+    T_step = T_draft(R, gamma) + [T_sched if the policy is synchronous, or the profile's scheduler is inline]
+             + 1 / SPS_R(B),   B = sum_r (1 + l_r)
 
 of simulated time, then give every request min(l_r, accepted_r) + 1 tokens
 (never more than it still needs). State lives in arrays over the active
@@ -139,7 +140,8 @@ class DecodeEngine:
         if cached is None:
             g = self.draft_tokens
             draft_s = self.profile.draft_s(self.drafter, num_requests, g)
-            sched_s = self.profile.scheduler_s(num_requests * g) if self.policy.synchronous and g else 0.0
+            charged = g and self.profile.charges_decision(self.policy.synchronous)
+            sched_s = self.profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
             cached = (draft_s, sched_s, self.profile.cost_curve(num_requests, draft_s))
             self._step_costs[num_requests] = cached
         return cached

@@ -12,14 +12,20 @@ A profile is a JSON file (format ``specsched-hardware-profile``, version 1)::
       "draft": {"<drafter kind>": {"num_requests": [...], "draft_tokens": [...],
                                    "latency_s": [[...], ...]}},           # [R][gamma]
       "prefill": {"fixed_s": 0.01, "tokens_per_s": 40000.0},
-      "scheduler": {"fixed_s": 0.0005, "per_candidate_s": 2e-8}
+      "scheduler": {"fixed_s": 0.0005, "per_candidate_s": 2e-8,
+                    "inline": false,                                       # optional
+                    "policies": {"<policy>": {"fixed_s": ..., "per_candidate_s": ...}}}  # optional
     }
 
 One target step over B batch tokens with R requests takes
 ``1 / SPS(B) + per_request(R)`` seconds (the additive form production engines
 profile: a cost over tokens plus a cost over requests); the drafter adds
 ``latency_s(R, gamma)``, and a synchronous scheduler adds
-``fixed_s + per_candidate_s * R * gamma``. Tables are interpolated linearly
+``fixed_s + per_candidate_s * R * gamma`` (the policy's own entry under
+``scheduler.policies`` when it has one). Asynchronous policies (``dspark``,
+static ones) decide off the critical path unless ``scheduler.inline`` is true:
+a serving stack that calls every policy's decision between the draft and the
+verify pass, with no overlap, pays it at every step. Tables are interpolated linearly
 between their points (never smoothed: real curves are jagged) and a query
 outside a table is an error, not an extrapolation.
 """
@@ -97,6 +103,8 @@ class HardwareProfile:
     prefill_tokens_per_s: float
     scheduler_fixed_s: float
     scheduler_per_candidate_s: float
+    scheduler_inline: bool = False  # every policy's decision is on the step's critical path
+    scheduler_by_policy: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (fixed, per cand.)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     path: str = "<memory>"
 
@@ -138,8 +146,16 @@ class HardwareProfile:
     def prefill_s(self, prompt_tokens: np.ndarray | int) -> np.ndarray:
         return self.prefill_fixed_s + np.asarray(prompt_tokens, dtype=np.float64) / self.prefill_tokens_per_s
 
-    def scheduler_s(self, num_candidates: int) -> float:
-        return self.scheduler_fixed_s + self.scheduler_per_candidate_s * num_candidates
+    def scheduler_s(self, num_candidates: int, policy: str | None = None) -> float:
+        """Seconds of one decision over ``num_candidates`` (request, position) pairs, by ``policy``'s own entry
+        when the profile has one."""
+        fixed_s, per_candidate_s = self.scheduler_by_policy.get(
+            policy, (self.scheduler_fixed_s, self.scheduler_per_candidate_s))
+        return fixed_s + per_candidate_s * num_candidates
+
+    def charges_decision(self, synchronous: bool) -> bool:
+        """Whether a policy's decision time is on the step's critical path."""
+        return synchronous or self.scheduler_inline
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.raw, indent=1) + "\n")
@@ -258,6 +274,29 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         scheduler_fixed_s=_positive(_get(sched, "fixed_s", "scheduler.", origin), "scheduler.fixed_s", origin, True),
         scheduler_per_candidate_s=_positive(_get(sched, "per_candidate_s", "scheduler.", origin),
                                             "scheduler.per_candidate_s", origin, True),
+        scheduler_inline=_flag(sched.get("inline", False), "scheduler.inline", origin),
+        scheduler_by_policy=_policy_schedulers(sched.get("policies", {}), origin),
         raw=data,
         path=origin,
     )
+
+
+def _flag(value: Any, name: str, origin: str) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileError(f"{origin}: field '{name}' must be true or false, got {value!r}")
+    return value
+
+
+def _policy_schedulers(block: Any, origin: str) -> dict[str, tuple[float, float]]:
+    if not isinstance(block, dict):
+        raise ProfileError(f"{origin}: field 'scheduler.policies' must map policy names to "
+                           f"{{fixed_s, per_candidate_s}}, got {block!r}")
+    out = {}
+    for name, entry in block.items():
+        where = f"scheduler.policies.{name}."
+        if not isinstance(entry, dict):
+            raise ProfileError(f"{origin}: field '{where[:-1]}' must be {{fixed_s, per_candidate_s}}, got {entry!r}")
+        out[name] = (_positive(_get(entry, "fixed_s", where, origin), where + "fixed_s", origin, True),
+                     _positive(_get(entry, "per_candidate_s", where, origin), where + "per_candidate_s", origin,
+                               True))
+    return out
