@@ -44,12 +44,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from calibration.profile_gpu import device_name
 from calibration.serving import ServingModels, ServingSpec, serve
-from calibration.validation_report import frontier_figure, markdown_table, point_row, worst_errors
+from calibration.validation_report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
 from calibration.validation_setup import (
     Models,
     ValidationConfig,
@@ -74,7 +75,7 @@ class Validation:
     profile: HardwareProfile
     logs: dict[int, pd.DataFrame]  # draft tokens per block -> the acceptance log replayed for those policies
     models: str
-    real: dict[tuple[str, int], Any]  # (policy, users) -> ServingResults
+    real: dict[tuple[str, int], list[Any]]  # (policy, users) -> ServingResults of its slices
     sim: dict[tuple[str, int], Any]  # (policy, users) -> simulator Results
 
 
@@ -161,28 +162,43 @@ def _setup_for(setups: dict[int, tuple[HardwareProfile, DrafterSpec]], num_draft
 def _points(cfg: ValidationConfig, models: Models, profile: HardwareProfile,
             setups: dict[int, tuple[HardwareProfile, DrafterSpec]], reference: Callable[[], float],
             profile_reference_s: float, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict, dict]:
-    """Simulate and serve every (policy, users) point; the machine drift is measured around each real run."""
+    """Simulate every (policy, users) point, then serve them for real in ``cfg.rounds`` round-robin slices.
+
+    The machine's speed wanders on a shared host (the reference probe moves by +-8% within a minute); slicing
+    the real runs and cycling through the points makes every point see the same mix of fast and slow spells,
+    so that differences between policies are the model's and not the clock's. The machine drift of a point is
+    the mean over its slices of the probe timed around each slice, relative to the profiling time.
+    """
     serving_models = ServingModels(models.verifier, models.drafter, models.prompts, profile.cost_curve,
                                    models.description)
-    rows, reals, sims = [], {}, {}
-    for name in cfg.policies:
+    points = [(name, users) for name in cfg.policies for users in cfg.users]
+    sims = {}
+    for name, users in points:
         policy = make_policy(name)
         sim_profile, drafter_spec = _setup_for(setups, max(policy.draft_tokens(cfg.gamma), 1))
-        for users in cfg.users:
-            traffic = cfg.traffic(users)
-            sim_spec = SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
-                                      cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
-                                                          limits=cfg.limits()),
-                                      traffic=traffic, duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                      seed=cfg.seed)
-            sim = simulate(sim_spec)
-            progress(f"{name} users={users}: serving for real ({cfg.duration_s:g} s)")
+        sim_spec = SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
+                                  cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
+                                                      limits=cfg.limits()),
+                                  traffic=cfg.traffic(users), duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                  seed=cfg.seed)
+        sims[(name, users)] = simulate(sim_spec)
+    slices: dict[tuple[str, int], list] = {p: [] for p in points}
+    drifts: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    for round_idx in range(cfg.rounds):
+        for name, users in points:
+            progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
+                     f"({cfg.slice_duration_s:g} s)")
             before_s = reference()
-            real = serve(ServingSpec(policy, cfg.gamma, traffic, cfg.limits(), cfg.duration_s, cfg.warmup_s,
-                                     cfg.seed, cfg.prefill), serving_models)
-            drift = 0.5 * (before_s + reference()) / profile_reference_s - 1.0
-            rows.append(point_row(name, users, sim.summary, real.summary, drift))
-            reals[(name, users)], sims[(name, users)] = real, sim
+            slices[(name, users)].append(serve(ServingSpec(
+                make_policy(name), cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
+                cfg.seed + round_idx, cfg.prefill), serving_models))
+            drifts[(name, users)].append(0.5 * (before_s + reference()) / profile_reference_s - 1.0)
+    rows, reals = [], {}
+    for point in points:
+        real = slices[point]
+        summary = real[0].summary if len(real) == 1 else pooled_summary(real)
+        rows.append(point_row(*point, sims[point].summary, summary, float(np.mean(drifts[point]))))
+        reals[point] = real
     return rows, reals, sims
 
 
@@ -201,8 +217,9 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
                                         f"({result.profile.source} profile of this machine)")
     fig.savefig(paths["figure"], dpi=120)
     for (policy, users), real in result.real.items():
-        real.requests.to_parquet(out / f"real_{policy}_u{users}_requests.parquet")
-        real.steps.to_parquet(out / f"real_{policy}_u{users}_steps.parquet")
+        for what in ("requests", "steps"):
+            tables = [getattr(part, what).assign(slice=i) for i, part in enumerate(real)]
+            pd.concat(tables, ignore_index=True).to_parquet(out / f"real_{policy}_u{users}_{what}.parquet")
     return paths
 
 
@@ -225,7 +242,8 @@ def report_text(result: Validation) -> str:
         f"{1e6 * loop.get('host_per_verified_token_s', float('nan')):.1f} us/verified token",
         f"acceptance: {cfg.acceptance} of {cfg.log or 'a log recorded here'}; prefill: {cfg.prefill}; "
         f"traffic: closed loop, {cfg.domain}, prompt ~{cfg.prompt_tokens}, output ~{cfg.output_tokens} tokens; "
-        f"{cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up), seed {cfg.seed}",
+        f"{cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
+        f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; seed {cfg.seed}",
         "",
         markdown_table(result.table),
         "",
@@ -258,7 +276,9 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--output-tokens", type=int, default=d.output_tokens, help="median output length")
     p.add_argument("--length-sigma", type=float, default=d.length_sigma, help="lognormal sigma of both lengths")
     p.add_argument("--duration-s", type=float, default=d.duration_s, help="seconds per point (sim and real)")
-    p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="seconds left out of the metrics")
+    p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="seconds left out of the metrics (per slice)")
+    p.add_argument("--rounds", type=int, default=d.rounds,
+                   help="split each real run into this many slices, run round-robin over the points")
     p.add_argument("--prefill", default=d.prefill, choices=["disaggregated", "colocated"])
     p.add_argument("--log", default=None, help="acceptance log to fit (default: record one here)")
     p.add_argument("--log-requests", type=int, default=d.log_requests, help="requests per domain when recording a log")

@@ -6,11 +6,14 @@ the real serving loop. The relative error of a metric is ``(sim - real) / real``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+
+from simulator.metrics import summarize
 
 # column -> (label, how to read it from a summary, unit scale for display)
 METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
@@ -23,6 +26,40 @@ METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
     "budget": ("verif. budget", ("verification_budget_per_request",), 1.0),
 }
 TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
+
+
+def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
+    """One summary of several real runs of a point (``ServingResults`` run in slices, round-robin with the other
+    points): their measurement windows laid end to end.
+
+    Each slice keeps its steps that ended inside its window and the first-token and finish times that fall
+    inside it (the others become NaN, so that shifting a slice cannot move them into a neighbour's window).
+    Throughput is then total tokens over total window seconds, per-request figures pool the requests finished
+    in any window, tau and the verification budget pool the steps. Per-position acceptance is left out (NaN).
+    """
+    requests, steps, offset_s = [], [], 0.0
+    for part in slices:
+        start_s, end_s = part.spec.warmup_s, part.summary["window_s"] + part.spec.warmup_s
+        shift_s = offset_s - start_s
+        req = part.requests.copy()
+        for col in ("first_token_at", "finished_at"):
+            inside = (req[col] > start_s) & (req[col] <= end_s)
+            req[col] = req[col].where(inside) + shift_s
+        req["arrival_at"] = -np.inf  # arrivals are not a pooled figure
+        st = part.steps[(part.steps["end_at"] > start_s) & (part.steps["end_at"] <= end_s)].copy()
+        st["start_at"] += shift_s
+        st["end_at"] += shift_s
+        requests.append(req)
+        steps.append(st)
+        offset_s += end_s - start_s
+    no_histogram = np.zeros(1, dtype=np.int64)
+    out = summarize(pd.concat(requests, ignore_index=True), pd.concat(steps, ignore_index=True), no_histogram,
+                    no_histogram, start_at=0.0, end_at=offset_s, num_decode_gpus=1)
+    out.pop("num_requests_arrived")
+    out["acceptance_rate_per_position"] = []
+    out["cpu_fraction"] = float(np.mean([part.summary["cpu_fraction"] for part in slices]))
+    out["num_slices"] = len(slices)
+    return out
 
 
 def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:

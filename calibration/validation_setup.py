@@ -56,6 +56,7 @@ class ValidationConfig:
     length_sigma: float = 0.3
     duration_s: float = 4.0
     warmup_s: float = 0.5
+    rounds: int = 3  # real runs split into this many slices, run round-robin over the points
     prefill: PrefillMode = "disaggregated"
     log: str | None = None
     log_requests: int = 64
@@ -75,8 +76,10 @@ class ValidationConfig:
             raise ValueError(f"acceptance must be replay or fitted, got {self.acceptance!r}")
         if self.domain not in (*DOMAINS, "mixed"):
             raise ValueError(f"domain must be one of {', '.join(DOMAINS)} or mixed, got {self.domain!r}")
-        if min(self.prompt_tokens, self.output_tokens, self.log_requests, self.gamma) < 1:
-            raise ValueError("prompt_tokens, output_tokens, log_requests and gamma must be >= 1")
+        if min(self.prompt_tokens, self.output_tokens, self.log_requests, self.gamma, self.rounds) < 1:
+            raise ValueError("prompt_tokens, output_tokens, log_requests, gamma and rounds must be >= 1")
+        if not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
         for name in self.policies:
             make_policy(name)  # fails early, naming the valid policies
 
@@ -94,6 +97,11 @@ class ValidationConfig:
         return TrafficSpec(arrival="closed", domain_mix=mix, num_users=num_users, think_time_s=0.0,
                            max_prompt_tokens=self.max_prompt_tokens, max_output_tokens=self.max_output_tokens,
                            lengths={d: lengths for d in DOMAINS})
+
+    @property
+    def slice_duration_s(self) -> float:
+        """Length of one real-run slice: its own warm-up plus its share of the measured window."""
+        return self.warmup_s + (self.duration_s - self.warmup_s) / self.rounds
 
     def limits(self) -> EngineLimits:
         return EngineLimits(max_concurrency=max(self.users),

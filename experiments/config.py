@@ -37,7 +37,7 @@ def build_drafter(cfg: DictConfig, acceptance: DictConfig) -> DrafterSpec:
     if cfg.kind not in DRAFTERS:
         raise ValueError(f"unknown drafter {cfg.kind!r}; valid drafters: {', '.join(DRAFTERS)}")
     acc = _plain(acceptance)
-    return DrafterSpec(kind=cfg.kind, gamma=int(cfg.gamma), log=cfg.get("log"),
+    return DrafterSpec(kind=cfg.kind, gamma=int(cfg.gamma), log=cfg.get("log"), log_order=cfg.get("log_order", "auto"),
                        confidence=construct(ConfidenceSpec, acc.get("confidence", {}), "acceptance.confidence"),
                        difficulty=construct(DifficultySpec, acc.get("difficulty", {}), "acceptance.difficulty"))
 

@@ -39,7 +39,9 @@ class DrafterSpec:
 
     With ``log`` (a path to an acceptance log, docs/acceptance_logs.md) confidences
     and outcomes are replayed from the log's blocks of drafter ``kind`` instead of
-    drawn from the parametric preset.
+    drawn from the parametric preset; ``log_order`` says how (``walk``: each request
+    follows a logged request's blocks in order; ``independent``: blocks drawn
+    independently per step; ``auto``: walk dense logs).
     """
 
     kind: str = "dspark"
@@ -47,11 +49,16 @@ class DrafterSpec:
     difficulty: DifficultySpec = field(default_factory=DifficultySpec)
     confidence: ConfidenceSpec = field(default_factory=ConfidenceSpec)
     log: str | None = None
+    log_order: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.log_order not in ("auto", "walk", "independent"):
+            raise ValueError(f"drafter.log_order must be auto, walk or independent, got {self.log_order!r}")
 
     def acceptance_model(self) -> AcceptanceModel | LoggedAcceptance:
         if self.log is None:
             return AcceptanceModel(self.kind, self.gamma, self.difficulty, self.confidence)
-        return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma)
+        return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma, order=self.log_order)
 
 
 @dataclass(frozen=True)

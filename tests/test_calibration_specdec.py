@@ -57,12 +57,15 @@ def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, float
     return stat, float(chi2.isf(FALSE_FAILURE_RATE, obs.size - 1))
 
 
-@pytest.mark.parametrize("kind, policy, sharpen_confidence", [
+@pytest.mark.parametrize("kind, policy, sharpen_confidence, max_kept_tokens", [
     # threshold reads c_2(x_1): admission of x_2 depends on the sampled x_1, never on x_2 itself
-    ("dspark", make_policy("threshold", theta=0.3), True),
-    ("dflash", make_policy("mtp3"), False),  # static: every drafted token verified
+    ("dspark", make_policy("threshold", theta=0.3), True, None),
+    ("dflash", make_policy("mtp3"), False, None),  # static: every drafted token verified
+    # a dense-log recording: the whole block verified, one token kept per step (x_2 from the next step)
+    ("dspark", make_policy("mtp3"), False, 1),
 ])
-def test_first_two_tokens_follow_the_verifier(verifier: Verifier, kind: str, policy, sharpen_confidence: bool) -> None:
+def test_first_two_tokens_follow_the_verifier(verifier: Verifier, kind: str, policy, sharpen_confidence: bool,
+                                              max_kept_tokens: int | None) -> None:
     drafter = build_drafter(kind, verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
     if sharpen_confidence:  # make c_k hinge on the Markov embedding W1[x_{k-1}], so l_r varies with x_1
         with torch.no_grad():
@@ -70,9 +73,12 @@ def test_first_two_tokens_follow_the_verifier(verifier: Verifier, kind: str, pol
     decoder = SpeculativeDecoder(verifier, drafter, policy, FLAT_COST, gamma=3)
     prompts = [list(p) for p in PROMPTS for _ in range(NUM_PER_PROMPT)]
     decoder.start(prompts, max_new_tokens=2)
-    first = decoder.step(np.random.default_rng(2024), torch.Generator().manual_seed(2024))
+    first = decoder.step(np.random.default_rng(2024), torch.Generator().manual_seed(2024), max_kept_tokens)
+    if max_kept_tokens is not None:
+        assert {len(o) for o in decoder.outputs} == {max_kept_tokens}
+        assert first.accepted.max() > max_kept_tokens  # the record reports the whole verification
     while min(len(o) for o in decoder.outputs) < 2:
-        decoder.step(np.random.default_rng(7), torch.Generator().manual_seed(7))
+        decoder.step(np.random.default_rng(7), torch.Generator().manual_seed(7), max_kept_tokens)
 
     assert 0 < first.accepted.mean() < first.lengths.mean()  # both accepts and rejections happen
     if sharpen_confidence:

@@ -41,6 +41,32 @@ def test_step_cost_adds_the_per_request_term(default_profile):
     assert default_profile.verify_s(100, 200) == pytest.approx(1.0 / float(curve_r100.sps(200)))
 
 
+def test_inline_scheduler_charges_every_policy_its_own_decision_time(raw):
+    """An inline scheduler puts even asynchronous policies' decisions on the critical path, each at the cost the
+    profile measured for that policy (greedy's fit for the others)."""
+    from policies import make_policy
+    from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
+    from traces.synthetic import TrafficSpec
+
+    def sched_s(profile_raw, policy):
+        spec = SimulationSpec(policy=make_policy(policy), profile=profile_from_dict(profile_raw),
+                              drafter=DrafterSpec("dspark", 7), cluster=ClusterSpec(),
+                              traffic=TrafficSpec(arrival="closed", num_users=4), duration_s=0.5, warmup_s=0.0, seed=0)
+        steps = simulate(spec).steps
+        return steps["sched_s"].to_numpy(), steps["num_requests"].to_numpy()
+
+    data = copy.deepcopy(raw)
+    data["scheduler"] = {"fixed_s": 1e-4, "per_candidate_s": 1e-6}
+    assert (sched_s(data, "dspark")[0] == 0).all()  # asynchronous: off the critical path
+    greedy, r = sched_s(data, "greedy")
+    np.testing.assert_allclose(greedy, 1e-4 + 1e-6 * 7 * r)
+    data["scheduler"].update(inline=True, policies={"dspark": {"fixed_s": 3e-4, "per_candidate_s": 0.0}})
+    dspark, _ = sched_s(data, "dspark")
+    np.testing.assert_allclose(dspark, 3e-4)
+    mtp, r = sched_s(data, "mtp1")
+    np.testing.assert_allclose(mtp, 1e-4 + 1e-6 * r)
+
+
 def _write(tmp_path, data):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
@@ -62,6 +88,10 @@ def _write(tmp_path, data):
         (lambda d: d.__setitem__("version", 99), r"field 'version' must be 1"),
         (lambda d: d["draft"]["dspark"]["latency_s"].pop(), r"draft\.dspark\.latency_s' must have one row"),
         (lambda d: d["prefill"].__setitem__("tokens_per_s", "fast"), r"prefill\.tokens_per_s' must be a number"),
+        (lambda d: d["scheduler"].__setitem__("inline", "yes"), r"scheduler\.inline' must be true or false"),
+        (lambda d: d["scheduler"].__setitem__("policies", {"dspark": {"fixed_s": 1e-4}}),
+         r"missing field 'scheduler\.policies\.dspark\.per_candidate_s'"),
+        (lambda d: d["scheduler"].__setitem__("policies", [1]), r"scheduler\.policies' must map policy names"),
     ],
 )
 def test_malformed_profiles_name_file_and_field(tmp_path, raw, mutate, message):
