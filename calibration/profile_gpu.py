@@ -207,7 +207,31 @@ def split_tokens(tokens: int, per_request: int) -> list[int]:
 
 def count_points(cfg: ProfileConfig) -> int:
     return (len(cfg.batch_tokens) * len(cfg.context_tokens) + 2 * len(cfg.num_requests)
-            + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens) + 2 + 3 * cfg.host_overhead)
+            + 2 * len(padded_requests(cfg)) + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
+            + 2 + 3 * cfg.host_overhead)
+
+
+def padded_requests(cfg: ProfileConfig) -> list[int]:
+    """The R of the padding probe: every profiled R >= 2 (one request cannot be padded)."""
+    return [r for r in cfg.num_requests if r >= 2] if cfg.query_tokens > 1 else []
+
+
+def padding_cost(cfg: ProfileConfig, short_s: dict[int, float], probes: list[tuple[float, float]]) -> float:
+    """Seconds per padded query slot from the padding probe (see ``padded_slot_definition``); 0 without one.
+
+    ``short_s[R]``: R requests of 1 token; ``probes``: (mixed, uniform long) seconds per R of
+    :func:`padded_requests`. A variable-length attention kernel gives ~0 (noise can make it negative: kept at 0).
+    """
+    q, slots, excess = cfg.query_tokens, [], []
+    for r, (mixed_s, long_s) in zip(padded_requests(cfg), probes, strict=True):
+        batch = q + r - 1
+        flat_s = short_s[r] + (long_s - short_s[r]) * (batch - r) / (q * r - r)  # linear in B, same R
+        slots.append((r - 1) * (q - 1))
+        excess.append(mixed_s - flat_s)
+    if not slots:
+        return 0.0
+    slope = sum(x * y for x, y in zip(slots, excess, strict=True)) / sum(x * x for x in slots)
+    return max(0.0, slope)
 
 
 def served_models(cfg: ProfileConfig, gen: torch.Generator) -> tuple[Verifier, Callable[[str], Drafter]]:
@@ -254,6 +278,11 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     for r in cfg.num_requests:
         points.append((f"per-request R={r}", verify_call(model, forward, device, gen, r, [1] * r, ctx_hi)))
         points.append((f"per-request R={r} (base)", verify_call(model, forward, device, gen, r, [1] * r, ctx_lo)))
+    q = cfg.query_tokens
+    for r in padded_requests(cfg):  # one long request among short ones, and the uniform long layout
+        points.append((f"padded R={r}", verify_call(model, forward, device, gen, q + r - 1, [q] + [1] * (r - 1),
+                                                     ctx_hi)))
+        points.append((f"uniform R={r} q={q}", verify_call(model, forward, device, gen, q * r, [q] * r, ctx_hi)))
     drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
     context = max(cfg.context_tokens)
     for kind, drafter in drafters.items():
@@ -268,7 +297,13 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
         curves[str(context)]["steps_per_s"].append(1.0 / next(times))
     if curves[str(ctx_lo)]["batch_tokens"] != list(cfg.batch_tokens):
         raise SystemExit(f"the verify grid does not fit in memory at context {ctx_lo}; lower --max-batch-tokens")
-    per_request = [max(0.0, next(times) - next(times)) for _ in cfg.num_requests]  # hi - lo
+    short_s = []  # R x 1 token at ctx_hi, for the padding fit
+    per_request = []
+    for _ in cfg.num_requests:
+        short_s.append(next(times))
+        per_request.append(max(0.0, short_s[-1] - next(times)))  # hi - lo
+    padded_slot_s = padding_cost(cfg, dict(zip(cfg.num_requests, short_s, strict=True)),
+                                 [(next(times), next(times)) for _ in padded_requests(cfg)])
     draft: dict[str, Any] = {}
     for kind in drafters:
         rows = [[next(times) for _ in cfg.draft_tokens] for _ in cfg.num_requests]
@@ -309,6 +344,10 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
             "verify_layout": f"B tokens as ceil(B/{cfg.query_tokens}) requests; verify table at context {ctx_lo}",
             "verify_curves": curves,  # context length -> {batch_tokens, steps_per_s}
             "per_request_definition": f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})",
+            "padded_slot_definition": (f"least-squares slope over R of t(one request of {cfg.query_tokens} tokens "
+                                       f"+ R-1 of 1) minus the linear interpolation in B between R x 1 and "
+                                       f"R x {cfg.query_tokens} tokens, per padded slot (R-1) x "
+                                       f"{cfg.query_tokens - 1}, context {ctx_hi}"),
             "scheduler_source": "assumed (calibration.roofline.Assumptions), not measured",
             "cpu_threads": torch.get_num_threads(),
             "num_requests_capped": (None if capped_from is None else
@@ -316,7 +355,7 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                                     f"requests at context {ctx_hi} does not fit the memory budget"),
         },
         "gpus_per_replica": 1,
-        "verify": curves[str(ctx_lo)],
+        "verify": {**curves[str(ctx_lo)], "padded_slot_s": padded_slot_s},
         "per_request": {"num_requests": list(cfg.num_requests), "step_s": per_request},
         "draft": draft,
         "prefill": {"fixed_s": fixed_s, "tokens_per_s": tokens_per_s},

@@ -54,6 +54,7 @@ from calibration.validation_report import frontier_figure, markdown_table, point
 from calibration.validation_setup import (
     Models,
     ValidationConfig,
+    average_profiles,
     build_models,
     measure_profile,
     record_log,
@@ -125,24 +126,34 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
     models = build_models(cfg)
     progress(f"models: {models.description}")
     reference = speed_reference(cfg, models)
-    progress("profiling the served models on this machine")
-    reference_before_s = reference()
-    profile = measure_profile(cfg, models)
-    profile_reference_s = 0.5 * (reference_before_s + reference())
+    points = [(name, users) for name in cfg.policies for users in cfg.users]
     with tempfile.TemporaryDirectory(prefix="specsched-validate-") as tmp:
-        logs, setups = {}, {}
-        for num_draft in _draft_counts(cfg):
-            if cfg.log is not None:
-                logs[num_draft] = read_log(cfg.log)
-                progress(f"acceptance log: {cfg.log}")
-                log_path = Path(cfg.log)
-            else:
-                progress(f"recording a dense acceptance log, {num_draft} draft token(s) per block")
-                logs[num_draft] = record_log(cfg, models, num_draft)
-                log_path = write_log(logs[num_draft], Path(tmp) / f"acceptance_log_g{num_draft}.parquet")
-            setups[num_draft] = simulator_setup(cfg, profile, log_path, num_draft)
-        rows, reals, sims = _points(cfg, models, profile, setups, reference, profile_reference_s, progress)
+        logs, log_paths = _logs(cfg, models, Path(tmp), progress)
+        profile, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress)
+        setups = {g: simulator_setup(cfg, profile, path, g) for g, path in log_paths.items()}
+        rows, sims = [], {}
+        for point in points:
+            sims[point] = _simulate(cfg, point, setups)
+            real = reals[point]
+            summary = real[0].summary if len(real) == 1 else pooled_summary(real)
+            drift = float(np.mean(drifts[point])) / profile_reference_s - 1.0
+            rows.append(point_row(*point, sims[point].summary, summary, drift))
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims)
+
+
+def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
+          progress: Callable[[str], None]) -> tuple[dict[int, pd.DataFrame], dict[int, Path]]:
+    """The acceptance log per block size the policies draft (see :func:`_draft_counts`) and where it is."""
+    logs, paths = {}, {}
+    for num_draft in _draft_counts(cfg):
+        if cfg.log is not None:
+            progress(f"acceptance log: {cfg.log}")
+            logs[num_draft], paths[num_draft] = read_log(cfg.log), Path(cfg.log)
+        else:
+            progress(f"recording a dense acceptance log, {num_draft} draft token(s) per block")
+            logs[num_draft] = record_log(cfg, models, num_draft)
+            paths[num_draft] = write_log(logs[num_draft], tmp / f"acceptance_log_g{num_draft}.parquet")
+    return logs, paths
 
 
 def _draft_counts(cfg: ValidationConfig) -> list[int]:
@@ -154,52 +165,54 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
     return sorted({max(make_policy(name).draft_tokens(cfg.gamma), 1) for name in cfg.policies})
 
 
-def _setup_for(setups: dict[int, tuple[HardwareProfile, DrafterSpec]], num_draft: int) -> tuple[HardwareProfile,
-                                                                                              DrafterSpec]:
-    return setups[num_draft] if num_draft in setups else setups[max(setups)]
+def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
+             progress: Callable[[str], None]) -> tuple[HardwareProfile, float, dict, dict]:
+    """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
+    every point. Returns the profile averaged over the rounds, the reference probe's mean during profiling, the
+    real slices of each point and the probe timed around each of them.
 
-
-def _points(cfg: ValidationConfig, models: Models, profile: HardwareProfile,
-            setups: dict[int, tuple[HardwareProfile, DrafterSpec]], reference: Callable[[], float],
-            profile_reference_s: float, progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict, dict]:
-    """Simulate every (policy, users) point, then serve them for real in ``cfg.rounds`` round-robin slices.
-
-    The machine's speed wanders on a shared host (the reference probe moves by +-8% within a minute); slicing
-    the real runs and cycling through the points makes every point see the same mix of fast and slow spells,
-    so that differences between policies are the model's and not the clock's. The machine drift of a point is
-    the mean over its slices of the probe timed around each slice, relative to the profiling time.
+    The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
+    between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
+    profile passes with slices of the real runs makes the profile and every point sample the same spells of
+    fast and slow, so that what is left is the model's error. The real loop's policies price their decisions
+    with the first pass's profile (a uniform change of speed does not change their decisions).
     """
-    serving_models = ServingModels(models.verifier, models.drafter, models.prompts, profile.cost_curve,
-                                   models.description)
-    points = [(name, users) for name in cfg.policies for users in cfg.users]
-    sims = {}
-    for name, users in points:
-        policy = make_policy(name)
-        sim_profile, drafter_spec = _setup_for(setups, max(policy.draft_tokens(cfg.gamma), 1))
-        sim_spec = SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
-                                  cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
-                                                      limits=cfg.limits()),
-                                  traffic=cfg.traffic(users), duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                  seed=cfg.seed)
-        sims[(name, users)] = simulate(sim_spec)
-    slices: dict[tuple[str, int], list] = {p: [] for p in points}
-    drifts: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    passes, profile_refs = [], []
+    reals: dict[tuple[str, int], list] = {p: [] for p in points}
+    probes: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    serving_models = None
     for round_idx in range(cfg.rounds):
+        if cfg.profile is None or round_idx == 0:
+            progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
+            before_s = reference()
+            passes.append(measure_profile(cfg, models))
+            profile_refs.append(0.5 * (before_s + reference()))
+        if serving_models is None:
+            serving_models = ServingModels(models.verifier, models.drafter, models.prompts, passes[0].cost_curve,
+                                           models.description)
         for name, users in points:
             progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
                      f"({cfg.slice_duration_s:g} s)")
             before_s = reference()
-            slices[(name, users)].append(serve(ServingSpec(
+            reals[(name, users)].append(serve(ServingSpec(
                 make_policy(name), cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
                 cfg.seed + round_idx, cfg.prefill), serving_models))
-            drifts[(name, users)].append(0.5 * (before_s + reference()) / profile_reference_s - 1.0)
-    rows, reals = [], {}
-    for point in points:
-        real = slices[point]
-        summary = real[0].summary if len(real) == 1 else pooled_summary(real)
-        rows.append(point_row(*point, sims[point].summary, summary, float(np.mean(drifts[point]))))
-        reals[point] = real
-    return rows, reals, sims
+            probes[(name, users)].append(0.5 * (before_s + reference()))
+    profile = passes[0] if len(passes) == 1 else average_profiles(passes)
+    return profile, float(np.mean(profile_refs)), reals, probes
+
+
+def _simulate(cfg: ValidationConfig, point: tuple[str, int], setups: dict[int, tuple[HardwareProfile, DrafterSpec]]):
+    """The simulator's run of one (policy, users) point, with the acceptance log of the block size it drafts."""
+    name, users = point
+    policy = make_policy(name)
+    num_draft = max(policy.draft_tokens(cfg.gamma), 1)
+    sim_profile, drafter_spec = setups[num_draft] if num_draft in setups else setups[max(setups)]
+    return simulate(SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
+                                   cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
+                                                       limits=cfg.limits()),
+                                   traffic=cfg.traffic(users), duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
+                                   seed=cfg.seed))
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -169,6 +169,27 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
                            profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
                            policies=cfg.policies)
     data["metadata"]["model"] = models.description
+    return profile_from_dict(data, "<validation profile>")
+
+
+def average_profiles(passes: list[HardwareProfile]) -> HardwareProfile:
+    """The element-wise mean of profiles measured on the same grids (numbers and number lists averaged; text,
+    flags and axes taken from the first, with which every other pass must agree in shape)."""
+    def mean(values: list[Any], where: str) -> Any:
+        first = values[0]
+        if isinstance(first, dict):
+            return {k: mean([v[k] for v in values], f"{where}.{k}") for k in first}
+        if isinstance(first, list):
+            if any(len(v) != len(first) for v in values):
+                raise ValueError(f"profile passes differ in the length of {where}")
+            return [mean([v[i] for v in values], f"{where}[{i}]") for i in range(len(first))]
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            return float(np.mean(values)) if isinstance(first, float) else first
+        return first
+
+    data = mean([p.raw for p in passes], "profile")
+    data["metadata"]["profile_passes"] = len(passes)
+    data["metadata"]["timing"] += f"; element-wise mean of {len(passes)} passes interleaved with the real runs"
     return profile_from_dict(data, "<validation profile>")
 
 

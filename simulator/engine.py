@@ -5,7 +5,7 @@ draw the drafter's confidences and the true outcomes for the active requests,
 ask the policy for verification lengths l_r, spend
 
     T_step = T_draft(R, gamma) + [T_sched if the policy is synchronous, or the profile's scheduler is inline]
-             + 1 / SPS_R(B),   B = sum_r (1 + l_r)
+             + 1 / SPS_R(B) + padded_slot_s * (R * max_r(1 + l_r) - B),   B = sum_r (1 + l_r)
 
 of simulated time, then give every request min(l_r, accepted_r) + 1 tokens
 (never more than it still needs). State lives in arrays over the active
@@ -167,7 +167,8 @@ class DecodeEngine:
             decision = policy.decide(view)
             lengths = decision.lengths
             batch_tokens = num_requests + int(lengths.sum())
-            verify_s = self.profile.verify_s(num_requests, batch_tokens)
+            padded_slots = num_requests * (1 + int(lengths.max())) - batch_tokens
+            verify_s = self.profile.verify_s(num_requests, batch_tokens, padded_slots)
             start_at = self.env.now
             yield _StepEnd(self.env, draft_s + sched_s + verify_s)
             self._apply(lengths, accepted, decision, start_at, batch_tokens, draft_s, sched_s, verify_s)

@@ -7,7 +7,8 @@ A profile is a JSON file (format ``specsched-hardware-profile``, version 1)::
       "metadata": {"source": "measured" | "analytic", "device": ..., "model": ...,
                    "created": "YYYY-MM-DD", "tool": ..., ...free-form extras},
       "gpus_per_replica": 1,
-      "verify": {"batch_tokens": [1, 2, ...], "steps_per_s": [...]},
+      "verify": {"batch_tokens": [1, 2, ...], "steps_per_s": [...],
+                 "padded_slot_s": 0.0},                                   # optional
       "per_request": {"num_requests": [1, ...], "step_s": [...]},          # optional
       "draft": {"<drafter kind>": {"num_requests": [...], "draft_tokens": [...],
                                    "latency_s": [[...], ...]}},           # [R][gamma]
@@ -19,7 +20,10 @@ A profile is a JSON file (format ``specsched-hardware-profile``, version 1)::
 
 One target step over B batch tokens with R requests takes
 ``1 / SPS(B) + per_request(R)`` seconds (the additive form production engines
-profile: a cost over tokens plus a cost over requests); the drafter adds
+profile: a cost over tokens plus a cost over requests), plus ``padded_slot_s``
+per padded query slot, ``R * max_r(1 + l_r) - B``, for attention kernels that
+pad every request's queries to the longest in the batch (0 for variable-length
+kernels; uniform batches have no padding); the drafter adds
 ``latency_s(R, gamma)``, and a synchronous scheduler adds
 ``fixed_s + per_candidate_s * R * gamma`` (the policy's own entry under
 ``scheduler.policies`` when it has one). Asynchronous policies (``dspark``,
@@ -103,6 +107,7 @@ class HardwareProfile:
     prefill_tokens_per_s: float
     scheduler_fixed_s: float
     scheduler_per_candidate_s: float
+    padded_slot_s: float = 0.0  # verify seconds per padded query slot, R * max(1 + l_r) - B
     scheduler_inline: bool = False  # every policy's decision is on the step's critical path
     scheduler_by_policy: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (fixed, per cand.)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
@@ -129,8 +134,10 @@ class HardwareProfile:
             sps = 1.0 / (1.0 / sps + float(self.per_request_s(num_requests)))
         return CostCurve(batch_tokens=self.verify_sps.x, steps_per_s=sps, draft_s=draft_s)
 
-    def verify_s(self, num_requests: int, batch_tokens: int) -> float:
-        step_s = 1.0 / float(self.verify_sps(batch_tokens))
+    def verify_s(self, num_requests: int, batch_tokens: int, padded_slots: int = 0) -> float:
+        """One target step: ``batch_tokens`` over ``num_requests`` requests, ``padded_slots`` query slots of
+        padding (``R * max(1 + l_r) - B``)."""
+        step_s = 1.0 / float(self.verify_sps(batch_tokens)) + self.padded_slot_s * padded_slots
         if self.per_request_s is not None:
             step_s += float(self.per_request_s(num_requests))
         return step_s
@@ -274,6 +281,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         scheduler_fixed_s=_positive(_get(sched, "fixed_s", "scheduler.", origin), "scheduler.fixed_s", origin, True),
         scheduler_per_candidate_s=_positive(_get(sched, "per_candidate_s", "scheduler.", origin),
                                             "scheduler.per_candidate_s", origin, True),
+        padded_slot_s=_positive(verify.get("padded_slot_s", 0.0), "verify.padded_slot_s", origin, True),
         scheduler_inline=_flag(sched.get("inline", False), "scheduler.inline", origin),
         scheduler_by_policy=_policy_schedulers(sched.get("policies", {}), origin),
         raw=data,

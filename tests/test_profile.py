@@ -67,6 +67,30 @@ def test_inline_scheduler_charges_every_policy_its_own_decision_time(raw):
     np.testing.assert_allclose(mtp, 1e-4 + 1e-6 * r)
 
 
+def test_padded_query_slots_are_charged_per_slot(raw):
+    """verify_s = 1/SPS(B) + per_request(R) + padded_slot_s * (R * max(1 + l_r) - B): static policies pad
+    nothing; a confidence threshold mixes lengths and pays whole slots."""
+    from policies import make_policy
+    from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
+    from traces.synthetic import TrafficSpec
+
+    data = copy.deepcopy(raw)
+    data["verify"]["padded_slot_s"] = 1e-3
+    profile = profile_from_dict(data)
+    for policy in ("mtp3", "threshold"):
+        spec = SimulationSpec(policy=make_policy(policy), profile=profile, drafter=DrafterSpec("dspark", 7),
+                              cluster=ClusterSpec(), traffic=TrafficSpec(arrival="closed", num_users=8),
+                              duration_s=0.2, warmup_s=0.0, seed=0)
+        steps = simulate(spec).steps
+        base = np.array([profile.verify_s(r, b) for r, b in zip(steps["num_requests"], steps["batch_tokens"],
+                                                                strict=True)])
+        slots = (steps["verify_s"].to_numpy() - base) / 1e-3
+        np.testing.assert_allclose(slots, np.round(slots), atol=1e-6)
+        most = steps["num_requests"].to_numpy() * 8 - steps["batch_tokens"].to_numpy()
+        assert (slots > -1e-6).all() and (slots <= most + 1e-6).all()
+        assert (slots.max() > 0) == (policy == "threshold")
+
+
 def _write(tmp_path, data):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(data))
