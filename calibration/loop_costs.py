@@ -98,7 +98,7 @@ class LoopCosts:
                               "folded": "draft(R, g) *= draft_factor(R, g); prefill *= prefill_factor; "
                                         "1/SPS(B) += extra_per_batch_token_s * B; per_request(R) += "
                                         "extra_per_request_s(R) (clipped at 0)"}
-        out["verify"] = {"batch_tokens": verify["batch_tokens"], "steps_per_s": (1.0 / step_s).tolist()}
+        out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
         out["prefill"] = {"fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
@@ -221,11 +221,13 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
 def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
                       rng: np.random.Generator, policy: Policy | None = None,
                       between: Callable[[], object] | None = None, repeats: int = 50) -> tuple[float, float]:
-    """(fixed_s, per_candidate_s): median time of ``policy.decide`` (default greedy) over (R, draft tokens), fitted
-    by least squares over the candidates R x g.
+    """(fixed_s, per_candidate_s): median time of one decision of ``policy`` (default greedy) over (R, draft
+    tokens), fitted by least squares over the candidates R x g.
 
-    The policy is driven step after step through :class:`policies.step_memory.PolicyMemory`, as in the
-    serving loop, so stale pools and EMA rows are real. ``between`` runs before every timed decision: in the
+    A decision is what the serving loop spends on the policy per step: the view of its state
+    (:class:`policies.step_memory.PolicyMemory`: stale pools, EMA rows by request), ``decide`` and the state
+    update, driven step after step as in the loop. (The loop's ``sched_s`` column times ``decide`` alone;
+    the state handling lands in its ``host_s``.) ``between`` runs before every timed decision: in the
     loop the drafter's forward pass comes right before it and leaves the CPU's caches holding the model, which
     makes a decision several times slower than the same call repeated alone.
     """
@@ -238,13 +240,13 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
                 continue  # the policy cannot price a batch the table does not cover
             memory, ids, times = PolicyMemory(), tuple(range(r)), []
             for _ in range(repeats):
-                view = memory.view(ids, rng.uniform(0.05, 1.0, size=(r, g)), curve)
+                confidence = rng.uniform(0.05, 1.0, size=(r, g))
                 if between is not None:
                     between()
                 start = time.perf_counter()
-                decision = policy.decide(view)
-                times.append(time.perf_counter() - start)
+                decision = policy.decide(memory.view(ids, confidence, curve))
                 memory = memory.after(policy, ids, decision)
+                times.append(time.perf_counter() - start)
             xs.append(r * g)
             ys.append(statistics.median(times))
     if len(set(xs)) < 2:

@@ -62,6 +62,7 @@ from calibration.validation_setup import (
     speed_reference,
 )
 from policies import make_policy
+from policies.base import CostCurve
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance_log import read_log, write_log
 from simulator.profile import HardwareProfile
@@ -129,8 +130,9 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
     points = [(name, users) for name in cfg.policies for users in cfg.users]
     with tempfile.TemporaryDirectory(prefix="specsched-validate-") as tmp:
         logs, log_paths = _logs(cfg, models, Path(tmp), progress)
-        profile, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress)
-        setups = {g: simulator_setup(cfg, profile, path, g) for g, path in log_paths.items()}
+        profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress)
+        setups = {g: (*simulator_setup(cfg, profile, path, g), simulator_setup(cfg, pricing, path, g)[0])
+                  for g, path in log_paths.items()}
         rows, sims = [], {}
         for point in points:
             sims[point] = _simulate(cfg, point, setups)
@@ -166,53 +168,62 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 
 
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
-             progress: Callable[[str], None]) -> tuple[HardwareProfile, float, dict, dict]:
+             progress: Callable[[str], None]) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
-    every point. Returns the profile averaged over the rounds, the reference probe's mean during profiling, the
-    real slices of each point and the probe timed around each of them.
+    every point. Returns the profile averaged over the rounds, the first pass (what the real loop's policies
+    price with), the reference probe's mean during profiling, the real slices of each point and the probe timed
+    around each of them.
 
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
     profile passes with slices of the real runs makes the profile and every point sample the same spells of
     fast and slow, so that what is left is the model's error. The real loop's policies price their decisions
-    with the first pass's profile (a uniform change of speed does not change their decisions).
+    with the first pass's profile, as the simulator's do (``SimulationSpec.policy_profile``): the step cost
+    ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
     """
     passes, profile_refs = [], []
     reals: dict[tuple[str, int], list] = {p: [] for p in points}
     probes: dict[tuple[str, int], list[float]] = {p: [] for p in points}
-    serving_models = None
     for round_idx in range(cfg.rounds):
         if cfg.profile is None or round_idx == 0:
             progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
             before_s = reference()
             passes.append(measure_profile(cfg, models))
             profile_refs.append(0.5 * (before_s + reference()))
-        if serving_models is None:
-            serving_models = ServingModels(models.verifier, models.drafter, models.prompts, passes[0].cost_curve,
-                                           models.description)
         for name, users in points:
             progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
                      f"({cfg.slice_duration_s:g} s)")
+            policy = make_policy(name)
+            serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
+                                           _pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
+                                           models.description)
             before_s = reference()
             reals[(name, users)].append(serve(ServingSpec(
-                make_policy(name), cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
+                policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
                 cfg.seed + round_idx, cfg.prefill), serving_models))
             probes[(name, users)].append(0.5 * (before_s + reference()))
     profile = passes[0] if len(passes) == 1 else average_profiles(passes)
-    return profile, float(np.mean(profile_refs)), reals, probes
+    return profile, passes[0], float(np.mean(profile_refs)), reals, probes
 
 
-def _simulate(cfg: ValidationConfig, point: tuple[str, int], setups: dict[int, tuple[HardwareProfile, DrafterSpec]]):
-    """The simulator's run of one (policy, users) point, with the acceptance log of the block size it drafts."""
+def _pricing(profile: HardwareProfile, drafter: str, num_draft: int) -> Callable[[int], CostCurve]:
+    """The cost curve a policy prices a step of R requests with, the engine's way (draft time included)."""
+    return lambda num_requests: profile.cost_curve(num_requests, profile.draft_s(drafter, num_requests, num_draft))
+
+
+def _simulate(cfg: ValidationConfig, point: tuple[str, int],
+              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]]):
+    """The simulator's run of one (policy, users) point, with the acceptance log of the block size it drafts and
+    the real loop's pricing profile."""
     name, users = point
     policy = make_policy(name)
     num_draft = max(policy.draft_tokens(cfg.gamma), 1)
-    sim_profile, drafter_spec = setups[num_draft] if num_draft in setups else setups[max(setups)]
+    sim_profile, drafter_spec, pricing = setups[num_draft] if num_draft in setups else setups[max(setups)]
     return simulate(SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
                                    cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
                                                        limits=cfg.limits()),
                                    traffic=cfg.traffic(users), duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                   seed=cfg.seed))
+                                   seed=cfg.seed, policy_profile=pricing))
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:

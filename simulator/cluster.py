@@ -87,6 +87,9 @@ class SimulationSpec:
     duration_s: float | None = 60.0
     warmup_s: float = 0.0
     seed: int = 0
+    # The profile the policy prices its decisions with (default: ``profile``, the hardware's own). Another one
+    # models a scheduler whose cost model is stale or was measured elsewhere.
+    policy_profile: HardwareProfile | None = None
 
 
 class Cluster:
@@ -108,7 +111,8 @@ class Cluster:
         self.engines = [
             DecodeEngine(self.env, i, self.store, spec.policy, spec.profile, self.acceptance, spec.drafter.kind,
                          spec.drafter.gamma, spec.cluster.limits, np.random.default_rng(streams[4 + i]),
-                         self.steps, self._finished, measure_from_s=spec.warmup_s)
+                         self.steps, self._finished, measure_from_s=spec.warmup_s,
+                         policy_profile=spec.policy_profile)
             for i in range(spec.cluster.num_decode_engines)
         ]
         self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)

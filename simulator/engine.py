@@ -71,11 +71,13 @@ class DecodeEngine:
     def __init__(self, env: simpy.Environment, engine_id: int, store: RequestStore, policy: Policy,
                  profile: HardwareProfile, acceptance: AcceptanceModel | LoggedAcceptance, drafter: str, gamma: int,
                  limits: EngineLimits, rng: np.random.Generator, steps: StepLog,
-                 on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0) -> None:
+                 on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0,
+                 policy_profile: HardwareProfile | None = None) -> None:
         self.env, self.engine_id, self.store = env, engine_id, store
         self.policy, self.profile, self.acceptance = policy, profile, acceptance
         self.drafter, self.limits, self.rng, self.steps = drafter, limits, rng, steps
         self.on_finish, self.measure_from_s = on_finish, measure_from_s
+        self.policy_profile = profile if policy_profile is None else policy_profile  # what the policy prices with
         self.draft_tokens = policy.draft_tokens(gamma)
         if self.draft_tokens > gamma:
             raise ValueError(f"policy {policy.name} drafts {self.draft_tokens} tokens but drafter.gamma is {gamma}")
@@ -135,14 +137,17 @@ class DecodeEngine:
         self._num_accepted = np.concatenate((self._num_accepted, zeros))
 
     def _step_cost(self, num_requests: int) -> tuple[float, float, CostCurve]:
-        """Draft time, scheduler time and SPS curve of a step with R requests (cached: they depend on R only)."""
+        """Draft time, scheduler time and the policy's SPS curve of a step with R requests (cached: they depend on R
+        only)."""
         cached = self._step_costs.get(num_requests)
         if cached is None:
             g = self.draft_tokens
             draft_s = self.profile.draft_s(self.drafter, num_requests, g)
             charged = g and self.profile.charges_decision(self.policy.synchronous)
             sched_s = self.profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
-            cached = (draft_s, sched_s, self.profile.cost_curve(num_requests, draft_s))
+            pricing = self.policy_profile
+            believed_draft_s = draft_s if pricing is self.profile else pricing.draft_s(self.drafter, num_requests, g)
+            cached = (draft_s, sched_s, pricing.cost_curve(num_requests, believed_draft_s))
             self._step_costs[num_requests] = cached
         return cached
 
