@@ -78,7 +78,7 @@ class Validation:
     logs: dict[int, pd.DataFrame]  # draft tokens per block -> the acceptance log replayed for those policies
     models: str
     real: dict[tuple[str, int], list[Any]]  # (policy, users) -> ServingResults of its slices
-    sim: dict[tuple[str, int], Any]  # (policy, users) -> simulator Results
+    sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
 
 
 @contextmanager
@@ -135,11 +135,9 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
                   for g, path in log_paths.items()}
         rows, sims = [], {}
         for point in points:
-            sims[point] = _simulate(cfg, point, setups)
-            real = reals[point]
-            summary = real[0].summary if len(real) == 1 else pooled_summary(real)
+            sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = float(np.mean(drifts[point])) / profile_reference_s - 1.0
-            rows.append(point_row(*point, sims[point].summary, summary, drift))
+            rows.append(point_row(*point, _pooled(sims[point]), _pooled(reals[point]), drift))
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims)
 
 
@@ -211,10 +209,15 @@ def _pricing(profile: HardwareProfile, drafter: str, num_draft: int) -> Callable
     return lambda num_requests: profile.cost_curve(num_requests, profile.draft_s(drafter, num_requests, num_draft))
 
 
+def _pooled(slices: list[Any]) -> dict[str, Any]:
+    return slices[0].summary if len(slices) == 1 else pooled_summary(slices)
+
+
 def _simulate(cfg: ValidationConfig, point: tuple[str, int],
-              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]]):
-    """The simulator's run of one (policy, users) point, with the acceptance log of the block size it drafts and
-    the real loop's pricing profile."""
+              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int):
+    """The simulator's run of one slice of a (policy, users) point, with the acceptance log of the block size it
+    drafts and the real loop's pricing profile. Slice k has the real slice's length and seed (seed + k), hence
+    the same sequence of request domains and lengths."""
     name, users = point
     policy = make_policy(name)
     num_draft = max(policy.draft_tokens(cfg.gamma), 1)
@@ -222,8 +225,8 @@ def _simulate(cfg: ValidationConfig, point: tuple[str, int],
     return simulate(SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
                                    cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
                                                        limits=cfg.limits()),
-                                   traffic=cfg.traffic(users), duration_s=cfg.duration_s, warmup_s=cfg.warmup_s,
-                                   seed=cfg.seed, policy_profile=pricing))
+                                   traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s,
+                                   warmup_s=cfg.warmup_s, seed=cfg.seed + round_idx, policy_profile=pricing))
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:

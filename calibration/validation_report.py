@@ -29,8 +29,8 @@ TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
 
 
 def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
-    """One summary of several real runs of a point (``ServingResults`` run in slices, round-robin with the other
-    points): their measurement windows laid end to end.
+    """One summary of several runs of a point (real ``ServingResults`` run in slices, round-robin with the other
+    points, or the simulator's ``Results`` of the same slices): their measurement windows laid end to end.
 
     Each slice keeps its steps that ended inside its window and the first-token and finish times that fall
     inside it (the others become NaN, so that shifting a slice cannot move them into a neighbour's window).
@@ -57,7 +57,7 @@ def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
                     no_histogram, start_at=0.0, end_at=offset_s, num_decode_gpus=1)
     out.pop("num_requests_arrived")
     out["acceptance_rate_per_position"] = []
-    out["cpu_fraction"] = float(np.mean([part.summary["cpu_fraction"] for part in slices]))
+    out["cpu_fraction"] = float(np.mean([part.summary.get("cpu_fraction", np.nan) for part in slices]))
     out["num_slices"] = len(slices)
     return out
 

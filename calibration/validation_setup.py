@@ -189,7 +189,8 @@ def average_profiles(passes: list[HardwareProfile]) -> HardwareProfile:
 
     data = mean([p.raw for p in passes], "profile")
     data["metadata"]["profile_passes"] = len(passes)
-    data["metadata"]["timing"] += f"; element-wise mean of {len(passes)} passes interleaved with the real runs"
+    data["metadata"]["timing"] = (data["metadata"].get("timing", "") +
+                                  f"; element-wise mean of {len(passes)} passes interleaved with the real runs")
     return profile_from_dict(data, "<validation profile>")
 
 

@@ -185,3 +185,23 @@ def test_trace_replay_keeps_every_request(small_spec, sample):
     assert len(req) == 150 and req["finished_at"].notna().all()
     np.testing.assert_array_equal(req["output_tokens"], workload.output_tokens)
     np.testing.assert_allclose(req["arrival_at"], workload.arrival_at)
+
+
+def test_policy_prices_with_its_own_profile_and_the_hardware_keeps_time(small_spec, default_profile):
+    """policy_profile changes what the policy believes a step costs, never what a step takes."""
+    import copy
+
+    from simulator.profile import profile_from_dict
+
+    base = simulate(small_spec(make_policy("greedy")))
+    same = simulate(small_spec(make_policy("greedy"), policy_profile=default_profile))
+    pd.testing.assert_frame_equal(base.steps, same.steps)
+    raw = copy.deepcopy(default_profile.raw)
+    sps = np.array(raw["verify"]["steps_per_s"])
+    tokens = np.array(raw["verify"]["batch_tokens"])
+    raw["verify"]["steps_per_s"] = (sps * 16 / np.maximum(tokens, 16)).tolist()  # believes big batches are slow
+    believed = simulate(small_spec(make_policy("greedy"), policy_profile=profile_from_dict(raw))).steps
+    assert believed["batch_tokens"].mean() < 0.9 * base.steps["batch_tokens"].mean()
+    expected = [default_profile.verify_s(r, b) for r, b in zip(believed["num_requests"], believed["batch_tokens"],
+                                                               strict=True)]
+    np.testing.assert_allclose(believed["verify_s"], expected)  # the built-in profile charges no padding

@@ -20,7 +20,7 @@ from calibration.model import Verifier
 from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving_batch import LiveBatch
 from calibration.validate import main
-from calibration.validation_setup import ValidationConfig
+from calibration.validation_setup import ValidationConfig, average_profiles
 from policies import DSpark, Greedy, make_policy
 from policies.base import CostCurve
 from simulator import DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -202,6 +202,26 @@ def test_bad_input_is_refused_with_a_clear_message() -> None:
         ValidationConfig(policies=("mtp1", "fastest"))
     with pytest.raises(ValueError, match="domain must be"):
         ValidationConfig(domain="poetry")
+
+
+def test_profile_passes_average_element_wise() -> None:
+    import copy
+
+    from simulator.profile import profile_from_dict
+
+    first = load_profile("h200_qwen3-8b_analytic")
+    raw = copy.deepcopy(first.raw)
+    raw["verify"]["steps_per_s"] = [3 * v for v in raw["verify"]["steps_per_s"]]
+    raw["prefill"]["fixed_s"] = 3 * raw["prefill"]["fixed_s"]
+    mean = average_profiles([first, profile_from_dict(raw)])
+    np.testing.assert_allclose(mean.verify_sps.y, 2 * first.verify_sps.y)
+    np.testing.assert_array_equal(mean.verify_sps.x, first.verify_sps.x)
+    assert mean.prefill_fixed_s == pytest.approx(2 * first.prefill_fixed_s)
+    assert mean.metadata["profile_passes"] == 2 and mean.source == first.source
+    raw["verify"]["steps_per_s"].pop()
+    raw["verify"]["batch_tokens"].pop()
+    with pytest.raises(ValueError, match="differ in the length of profile.verify.batch_tokens"):
+        average_profiles([first, profile_from_dict(raw)])
 
 
 def test_validation_command_meets_the_error_bound(tmp_path) -> None:
