@@ -175,9 +175,10 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
     profile passes with slices of the real runs makes the profile and every point sample the same spells of
-    fast and slow, so that what is left is the model's error. The real loop's policies price their decisions
-    with the first pass's profile, as the simulator's do (``SimulationSpec.policy_profile``): the step cost
-    ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
+    fast and slow, so that what is left is the model's error; each round starts at a different point, so that
+    no point always runs last (the machine tends to slow down over a round). The real loop's policies price
+    their decisions with the first pass's profile, as the simulator's do (``SimulationSpec.policy_profile``):
+    the step cost ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
     """
     passes, profile_refs = [], []
     reals: dict[tuple[str, int], list] = {p: [] for p in points}
@@ -188,7 +189,8 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             before_s = reference()
             passes.append(measure_profile(cfg, models))
             profile_refs.append(0.5 * (before_s + reference()))
-        for name, users in points:
+        shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
+        for name, users in points[shift:] + points[:shift]:
             progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
                      f"({cfg.slice_duration_s:g} s)")
             policy = make_policy(name)
