@@ -54,9 +54,9 @@ from calibration.validation_report import frontier_figure, markdown_table, point
 from calibration.validation_setup import (
     Models,
     ValidationConfig,
-    average_profiles,
     build_models,
     measure_profile,
+    median_profile,
     record_log,
     simulator_setup,
     speed_reference,
@@ -168,7 +168,7 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
              progress: Callable[[str], None]) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
-    every point. Returns the profile averaged over the rounds, the first pass (what the real loop's policies
+    every point. Returns the element-wise median of the rounds' profiles, the first pass (what the real loop's policies
     price with), the reference probe's mean during profiling, the real slices of each point and the probe timed
     around each of them.
 
@@ -202,7 +202,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                 policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
                 cfg.seed + round_idx, cfg.prefill), serving_models))
             probes[(name, users)].append(0.5 * (before_s + reference()))
-    profile = passes[0] if len(passes) == 1 else average_profiles(passes)
+    profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], float(np.mean(profile_refs)), reals, probes
 
 

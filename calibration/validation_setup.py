@@ -172,9 +172,10 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     return profile_from_dict(data, "<validation profile>")
 
 
-def average_profiles(passes: list[HardwareProfile]) -> HardwareProfile:
-    """The element-wise mean of profiles measured on the same grids (numbers and number lists averaged; text,
-    flags and axes taken from the first, with which every other pass must agree in shape)."""
+def median_profile(passes: list[HardwareProfile]) -> HardwareProfile:
+    """The element-wise median of profiles measured on the same grids (of every number and number list; text,
+    flags and integer axes taken from the first, with which every other pass must agree in shape). The median,
+    not the mean: one pass caught by a burst of load elsewhere must not move the profile."""
     def mean(values: list[Any], where: str) -> Any:
         first = values[0]
         if isinstance(first, dict):
@@ -184,13 +185,13 @@ def average_profiles(passes: list[HardwareProfile]) -> HardwareProfile:
                 raise ValueError(f"profile passes differ in the length of {where}")
             return [mean([v[i] for v in values], f"{where}[{i}]") for i in range(len(first))]
         if isinstance(first, (int, float)) and not isinstance(first, bool):
-            return float(np.mean(values)) if isinstance(first, float) else first
+            return float(np.median(values)) if isinstance(first, float) else first
         return first
 
     data = mean([p.raw for p in passes], "profile")
     data["metadata"]["profile_passes"] = len(passes)
     data["metadata"]["timing"] = (data["metadata"].get("timing", "") +
-                                  f"; element-wise mean of {len(passes)} passes interleaved with the real runs")
+                                  f"; element-wise median of {len(passes)} passes interleaved with the real runs")
     return profile_from_dict(data, "<validation profile>")
 
 
