@@ -216,14 +216,15 @@ def padded_requests(cfg: ProfileConfig) -> list[int]:
     return [r for r in cfg.num_requests if r >= 2] if cfg.query_tokens > 1 else []
 
 
-def padding_cost(cfg: ProfileConfig, short_s: dict[int, float], probes: list[tuple[float, float]]) -> float:
+def padding_cost(query_tokens: int, short_s: dict[int, float], probes: dict[int, tuple[float, float]]) -> float:
     """Seconds per padded query slot from the padding probe (see ``padded_slot_definition``); 0 without one.
 
-    ``short_s[R]``: R requests of 1 token; ``probes``: (mixed, uniform long) seconds per R of
-    :func:`padded_requests`. A variable-length attention kernel gives ~0 (noise can make it negative: kept at 0).
+    ``short_s[R]``: R requests of 1 token; ``probes[R]``: (one request of ``query_tokens`` + R-1 of 1, R requests
+    of ``query_tokens``) seconds. A variable-length attention kernel gives ~0 (noise can make it negative: kept
+    at 0).
     """
-    q, slots, excess = cfg.query_tokens, [], []
-    for r, (mixed_s, long_s) in zip(padded_requests(cfg), probes, strict=True):
+    q, slots, excess = query_tokens, [], []
+    for r, (mixed_s, long_s) in probes.items():
         batch = q + r - 1
         flat_s = short_s[r] + (long_s - short_s[r]) * (batch - r) / (q * r - r)  # linear in B, same R
         slots.append((r - 1) * (q - 1))
@@ -302,8 +303,8 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     for _ in cfg.num_requests:
         short_s.append(next(times))
         per_request.append(max(0.0, short_s[-1] - next(times)))  # hi - lo
-    padded_slot_s = padding_cost(cfg, dict(zip(cfg.num_requests, short_s, strict=True)),
-                                 [(next(times), next(times)) for _ in padded_requests(cfg)])
+    padded_slot_s = padding_cost(cfg.query_tokens, dict(zip(cfg.num_requests, short_s, strict=True)),
+                                 {r: (next(times), next(times)) for r in padded_requests(cfg)})
     draft: dict[str, Any] = {}
     for kind in drafters:
         rows = [[next(times) for _ in cfg.draft_tokens] for _ in cfg.num_requests]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calibration.compare import main as compare_main
-from calibration.profile_gpu import ProfileConfig, batch_grid, padding_cost, split_tokens
+from calibration.profile_gpu import batch_grid, padding_cost, split_tokens
 from simulator.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,17 +41,17 @@ def test_quick_profile_loads_and_says_measured(measured: Path) -> None:
 
 
 def test_padding_cost_is_the_excess_over_the_flat_interpolation_per_padded_slot() -> None:
-    cfg = ProfileConfig(num_requests=(1, 2, 4), query_tokens=8)
     # R x 1 token: 1 ms + 0.1 ms/request; R x 8 tokens: + 0.02 ms per extra token; padding: 5 us per slot.
     short_s = {r: 1e-3 + 1e-4 * r for r in (1, 2, 4)}
-    probes = []
+    probes = {}
     for r in (2, 4):
         long_s = short_s[r] + 2e-5 * 7 * r
         mixed_s = short_s[r] + 2e-5 * 7 + 5e-6 * (r - 1) * 7
-        probes.append((mixed_s, long_s))
-    assert padding_cost(cfg, short_s, probes) == pytest.approx(5e-6)
-    assert padding_cost(cfg, short_s, [(m - 1e-3, lo) for m, lo in probes]) == 0.0  # faster than flat: no cost
-    assert padding_cost(ProfileConfig(num_requests=(1,), query_tokens=8), {1: 1e-3}, []) == 0.0
+        probes[r] = (mixed_s, long_s)
+    assert padding_cost(8, short_s, probes) == pytest.approx(5e-6)
+    faster = {r: (m - 1e-3, lo) for r, (m, lo) in probes.items()}
+    assert padding_cost(8, short_s, faster) == 0.0  # faster than flat: no cost
+    assert padding_cost(8, {1: 1e-3}, {}) == 0.0
 
 
 def test_comparison_figure_is_written(measured: Path, tmp_path: Path) -> None:
