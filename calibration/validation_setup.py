@@ -56,7 +56,7 @@ class ValidationConfig:
     length_sigma: float = 0.3
     duration_s: float = 4.0
     warmup_s: float = 0.5
-    rounds: int = 3  # real runs split into this many slices, run round-robin over the points
+    rounds: int = 5  # real runs split into this many slices, run round-robin over the points
     prefill: PrefillMode = "disaggregated"
     log: str | None = None
     log_requests: int = 64
