@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -118,12 +119,20 @@ def load_sweep(root: Path, allow_missing: bool = False) -> pd.DataFrame:
     return sweep_frame([read_job(job, root) for job in jobs])
 
 
+_SVG_ID = re.compile(r'(?<=id=")[a-z][0-9a-f]{10}(?=")|(?<=#)[a-z][0-9a-f]{10}(?=[")])')
+
+
 def _save(fig: Figure, out: Path, name: str) -> list[Path]:
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     fig.savefig(paths[0], dpi=150)
-    # No timestamp and fixed element ids: the same sweep gives the same file.
+    # No timestamp and element ids numbered in order of appearance: the same sweep gives the same file.
+    # (matplotlib hashes clip rectangles' full-precision bounds into ids, and those can differ in the last bit
+    # from one drawing to the next.)
     with matplotlib.rc_context({"svg.hashsalt": "specsched"}):
         fig.savefig(paths[1], metadata={"Date": None})
+    ids: dict[str, str] = {}
+    text = _SVG_ID.sub(lambda m: ids.setdefault(m.group(0), f"{m.group(0)[0]}{len(ids)}"), paths[1].read_text())
+    paths[1].write_text(text)
     return paths
 
 
