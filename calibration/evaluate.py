@@ -9,6 +9,11 @@ at temperature 1 with each drafter proposing ``gamma`` tokens, all of them verif
 prompts (``request_id``) are used for every drafter. The tables put the measured tau and
 conditional acceptance next to the paper's Qwen3-4B values (Table 1 domain means and the
 Figure 2 fit of :mod:`simulator.presets`).
+
+``--dense`` keeps one token per step instead: every output position gets a fully
+verified block, the log the simulator replays in order (``drafter.log_order=walk``).
+Its tau is then a mean over every position of the text, not over the steps ``mtp<gamma>``
+takes, so it is not Table 1's figure.
 """
 
 from __future__ import annotations
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--figure", type=Path, default=None, help="write the Figure 2 analogue PNG here")
+    parser.add_argument("--dense", action="store_true",
+                        help="keep one token per step: a verified block at every output position (in-order replay)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             seeds = np.random.SeedSequence([args.seed, d_idx, k_idx])
             generator = torch.Generator().manual_seed(int(seeds.generate_state(1)[0]))
             frames.append(decode_and_record(target, drafter, prompts, args.new_tokens, args.gamma, domain,
-                                            np.random.default_rng(seeds), generator))
+                                            np.random.default_rng(seeds), generator,
+                                            max_kept_tokens=1 if args.dense else None))
     log = pd.concat(frames, ignore_index=True)
     write_log(log, args.out)
     measured = summary(log, str(args.out))

@@ -136,3 +136,21 @@ def test_recorded_log_matches_the_analytic_acceptance(target):
     se = hit.std() / np.sqrt(hit.size)
     assert hit.mean() == pytest.approx(blocks.analytic_acceptance[:, 0].mean(), abs=4 * se + 0.01)
     assert 0.05 < hit.mean() < 0.95  # sharp random weights: a real mix of accepts and rejects
+
+
+def test_dense_recording_has_a_block_at_every_position(target, tmp_path):
+    """max_kept_tokens=1 (evaluate --dense): per request, blocks at positions 0..n-1, walked in order on replay."""
+    from simulator.acceptance_log import write_log
+    from simulator.log_acceptance import LoggedAcceptance
+
+    drafter = sharp(checkpoints.new_drafter(checkpoints.DRAFTER_CONFIGS["dspark"], target,
+                                            torch.Generator().manual_seed(6)))
+    prompts = sample_prompts(math_corpus("heldout"), 6, 16, np.random.default_rng(1))
+    lengths = np.array([5, 9, 12, 5, 7, 3])
+    df = decode_and_record(target, drafter, prompts, lengths, GAMMA, "math", np.random.default_rng(2),
+                           torch.Generator().manual_seed(3), max_kept_tokens=1)
+    blocks = to_blocks(df)
+    for rid, n in enumerate(lengths):
+        assert blocks.decoded_tokens[blocks.request_id == rid].tolist() == list(range(n))
+    assert (blocks.num_verified == GAMMA).all() and blocks.num_accepted.max() > 1
+    assert LoggedAcceptance(write_log(df, tmp_path / "dense.parquet")).order == "walk"
