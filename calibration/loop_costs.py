@@ -176,27 +176,41 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
 
     The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
-    ``inline`` and gets an entry per policy in ``policies``, each timed as the loop runs it: right after a
-    drafter pass (:func:`measure_scheduler`'s ``between``).
+    ``inline`` and gets an entry per policy in ``policies`` (and greedy, the default): each decision's marginal
+    cost between a drafter pass and the verifier forward (:func:`measure_scheduler` with ``between`` and
+    ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0).
     """
-    from calibration.profile_gpu import draft_call
+    from calibration.profile_gpu import draft_call, verify_call
 
     gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
     reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
     context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
     device = next(drafter.parameters()).device
-    drafter_pass = draft_call(drafter, context, device, torch.Generator(device).manual_seed(seed), 1, gamma)()
+    gen = torch.Generator(device).manual_seed(seed)
+    drafter_pass = draft_call(drafter, context, device, gen, 1, gamma)()
+
+    def forward(r: int, g: int) -> Callable[[], object]:
+        run = verify_call(model, model, device, gen, r * (1 + g), [1 + g] * r, context)()
+        return lambda: _no_grad(run)
+
     cost = profile_from_dict(profile).cost_curve
-    on_point("scheduler (greedy decide)")
-    fixed_s, per_candidate_s = measure_scheduler(cost, reqs, tuple(gammas), np.random.default_rng(seed),
-                                                 between=drafter_pass)
-    by_policy = {}
-    for name in policies:
+    rng = np.random.default_rng(seed)
+    # The loop probe below runs mtp: its decisions' cost is already in the host residual it measures.
+    on_point("scheduler (mtp decision, the probe's own)")
+    probe_fixed_s, probe_per_candidate_s = measure_scheduler(cost, reqs, tuple(gammas), rng, make_policy("mtp1"),
+                                                             drafter_pass, forward, repeats=30)
+
+    def net(fit: tuple[float, float]) -> dict[str, float]:
+        return {"fixed_s": max(fit[0] - probe_fixed_s, 0.0), "per_candidate_s": max(fit[1] - probe_per_candidate_s,
+                                                                                      0.0)}
+    by_policy = {"mtp": {"fixed_s": 0.0, "per_candidate_s": 0.0}}
+    for name in ("greedy", *policies):  # greedy's fit is also the default for policies without an entry
         policy = make_policy(name)
         if policy.draft_tokens(gamma) > 0 and policy.name not in by_policy:
-            on_point(f"scheduler ({name} decide)")
-            fit = measure_scheduler(cost, reqs, tuple(gammas), np.random.default_rng(seed), policy, drafter_pass)
-            by_policy[policy.name] = {"fixed_s": fit[0], "per_candidate_s": fit[1]}
+            on_point(f"scheduler ({name} decision)")
+            by_policy[policy.name] = net(measure_scheduler(cost, reqs, tuple(gammas), rng, policy, drafter_pass,
+                                                           forward, repeats=30))
+    default = by_policy["greedy"]
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
                                                             np.random.default_rng(seed), warmup, repeats)
@@ -206,10 +220,10 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     out = costs.fold(isolated)
     meta = out["metadata"]
     meta["forward_only"]["verifier_prefill"] = profile["prefill"]
-    out["scheduler"] = {"fixed_s": fixed_s, "per_candidate_s": per_candidate_s, "inline": True,
-                        "policies": by_policy}
-    meta["scheduler_source"] = ("measured on this host right after a drafter pass, fixed + per candidate fit: "
-                                "policies.Greedy.decide (default) and each policy under 'policies'; inline: the "
+    out["scheduler"] = {**default, "inline": True, "policies": by_policy}
+    meta["scheduler_source"] = ("measured on this host: a decision's marginal cost between a drafter pass and a "
+                                "verifier forward, fixed + per candidate fit, minus mtp's (already in the loop "
+                                "costs); greedy's as the default, each policy under 'policies'; inline: the "
                                 "serving loop decides on the critical path")
     meta["timing"] += "; serving-loop costs folded in (metadata.loop_costs)"
     meta["prefill_definition"] = ("serving-loop prefill (calibration.serving_batch): verifier forward over the "
@@ -220,16 +234,21 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
 
 def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
                       rng: np.random.Generator, policy: Policy | None = None,
-                      between: Callable[[], object] | None = None, repeats: int = 50) -> tuple[float, float]:
+                      between: Callable[[], object] | None = None,
+                      after: Callable[[int, int], Callable[[], object]] | None = None,
+                      repeats: int = 50) -> tuple[float, float]:
     """(fixed_s, per_candidate_s): median time of one decision of ``policy`` (default greedy) over (R, draft
     tokens), fitted by least squares over the candidates R x g.
 
     A decision is what the serving loop spends on the policy per step: the view of its state
     (:class:`policies.step_memory.PolicyMemory`: stale pools, EMA rows by request), ``decide`` and the state
     update, driven step after step as in the loop. (The loop's ``sched_s`` column times ``decide`` alone;
-    the state handling lands in its ``host_s``.) ``between`` runs before every timed decision: in the
-    loop the drafter's forward pass comes right before it and leaves the CPU's caches holding the model, which
-    makes a decision several times slower than the same call repeated alone.
+    the state handling lands in its ``host_s``.) ``between`` runs before every decision: in the loop the
+    drafter's pass comes right before it and leaves the CPU's caches holding the model, which makes a
+    decision several times slower than the same call repeated alone. With ``after`` (``after(R, g)`` returns
+    the step's verifier forward), a decision's cost is its *marginal* cost on the step: the median of
+    between -> decision -> forward minus the median of between -> forward, run alternately; that includes
+    how much slower the forward runs after the decision has taken the caches.
     """
     policy = Greedy() if policy is None else policy
     xs, ys = [], []
@@ -238,21 +257,30 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
         for g in sorted({policy.draft_tokens(d) for d in draft_tokens} - {0}):
             if r * (1 + g) > curve.batch_tokens[-1]:
                 continue  # the policy cannot price a batch the table does not cover
-            memory, ids, times = PolicyMemory(), tuple(range(r)), []
-            for _ in range(repeats):
+            forward = after(r, g) if after is not None else None
+            memory, ids, with_s, without_s = PolicyMemory(), tuple(range(r)), [], []
+            for i in range(2 * repeats if forward is not None else repeats):
                 confidence = rng.uniform(0.05, 1.0, size=(r, g))
                 if between is not None:
                     between()
                 start = time.perf_counter()
-                decision = policy.decide(memory.view(ids, confidence, curve))
-                memory = memory.after(policy, ids, decision)
-                times.append(time.perf_counter() - start)
+                if forward is None or i % 2 == 0:
+                    decision = policy.decide(memory.view(ids, confidence, curve))
+                    memory = memory.after(policy, ids, decision)
+                if forward is not None:
+                    forward()
+                (with_s if forward is None or i % 2 == 0 else without_s).append(time.perf_counter() - start)
             xs.append(r * g)
-            ys.append(statistics.median(times))
+            ys.append(statistics.median(with_s) - (statistics.median(without_s) if without_s else 0.0))
     if len(set(xs)) < 2:
         raise ValueError(f"measure_scheduler({policy.name}) needs >= 2 (R, g) points inside the cost table")
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
     return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+@torch.inference_mode()
+def _no_grad(run: Callable[[], object]) -> object:
+    return run()
 
 
 def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, int],
