@@ -11,15 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2
 
 from calibration.drafters import build_drafter
 from calibration.model import Verifier
 from calibration.specdec import SpeculativeDecoder
 from policies import make_policy
 from policies.base import CostCurve
+from tests.chi_square import chi_square
 
-FALSE_FAILURE_RATE = 1e-6
 PROMPTS = ((1, 2, 3), (4, 5, 6, 7, 0, 1))
 NUM_PER_PROMPT = 1500
 VOCAB = 8
@@ -44,17 +43,6 @@ def exact_first_two(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:
             rows.append(torch.softmax(model(tokens, cache.batch([0], [tokens.numel()]), cache).logits[-1], -1))
     p = torch.stack(rows).double().numpy()
     return p[0][:, None] * p[1:]
-
-
-def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
-    """Statistic and critical value; cells expecting < 5 are pooled into one."""
-    small = expected < 5
-    obs = np.append(observed[~small], observed[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    return stat, float(chi2.isf(FALSE_FAILURE_RATE, obs.size - 1))
 
 
 @pytest.mark.parametrize("kind, policy, sharpen_confidence, max_kept_tokens", [

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2
 
 from calibration.drafters import build_drafter
 from calibration.model import Verifier
@@ -26,10 +25,10 @@ from policies.base import CostCurve
 from simulator import DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.engine import StepLog
 from simulator.profile import load_profile
+from tests.chi_square import chi_square
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
-FALSE_FAILURE_RATE = 1e-6
 VOCAB = 8
 PROMPTS = {"chat": (1, 2, 3), "code": (4, 5, 6, 7, 0, 1)}  # two contexts of different lengths share the batch
 NUM_PER_PROMPT = 900
@@ -69,16 +68,6 @@ def exact_first_three(model: Verifier, prompt: tuple[int, ...]) -> np.ndarray:
         for b in range(VOCAB):
             joint[a, b] = p1[a] * p2[b] * next_probs(prompt + (a, b))
     return joint
-
-
-def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
-    """Statistic and critical value; cells expecting < 5 are pooled into one."""
-    small = expected < 5
-    obs = np.append(observed[~small], observed[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    return float(((obs - exp) ** 2 / exp).sum()), float(chi2.isf(FALSE_FAILURE_RATE, obs.size - 1))
 
 
 def fixed_prompts(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
