@@ -41,6 +41,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,6 @@ from calibration.validation_setup import (
     speed_reference,
 )
 from policies import make_policy
-from policies.base import CostCurve
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance_log import read_log, write_log
 from simulator.profile import HardwareProfile
@@ -195,7 +195,8 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                      f"({cfg.slice_duration_s:g} s)")
             policy = make_policy(name)
             serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
-                                           _pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
+                                           partial(passes[0].step_cost_curve, cfg.drafter,
+                                                   draft_tokens=policy.draft_tokens(cfg.gamma)),
                                            models.description)
             before_s = reference()
             reals[(name, users)].append(serve(ServingSpec(
@@ -204,11 +205,6 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             probes[(name, users)].append(0.5 * (before_s + reference()))
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], float(np.mean(profile_refs)), reals, probes
-
-
-def _pricing(profile: HardwareProfile, drafter: str, num_draft: int) -> Callable[[int], CostCurve]:
-    """The cost curve a policy prices a step of R requests with, the engine's way (draft time included)."""
-    return lambda num_requests: profile.cost_curve(num_requests, profile.draft_s(drafter, num_requests, num_draft))
 
 
 def _pooled(slices: list[Any]) -> dict[str, Any]:

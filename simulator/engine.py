@@ -145,9 +145,7 @@ class DecodeEngine:
             draft_s = self.profile.draft_s(self.drafter, num_requests, g)
             charged = g and self.profile.charges_decision(self.policy.synchronous)
             sched_s = self.profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
-            pricing = self.policy_profile
-            believed_draft_s = draft_s if pricing is self.profile else pricing.draft_s(self.drafter, num_requests, g)
-            cached = (draft_s, sched_s, pricing.cost_curve(num_requests, believed_draft_s))
+            cached = (draft_s, sched_s, self.policy_profile.step_cost_curve(self.drafter, num_requests, g))
             self._step_costs[num_requests] = cached
         return cached
 

@@ -134,6 +134,10 @@ class HardwareProfile:
             sps = 1.0 / (1.0 / sps + float(self.per_request_s(num_requests)))
         return CostCurve(batch_tokens=self.verify_sps.x, steps_per_s=sps, draft_s=draft_s)
 
+    def step_cost_curve(self, drafter: str, num_requests: int, draft_tokens: int) -> CostCurve:
+        """What a policy prices a step with: :meth:`cost_curve` with the drafter's time for R and g."""
+        return self.cost_curve(num_requests, self.draft_s(drafter, num_requests, draft_tokens))
+
     def verify_s(self, num_requests: int, batch_tokens: int, padded_slots: int = 0) -> float:
         """One target step: ``batch_tokens`` over ``num_requests`` requests, ``padded_slots`` query slots of
         padding (``R * max(1 + l_r) - B``)."""
