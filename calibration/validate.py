@@ -131,8 +131,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
     with tempfile.TemporaryDirectory(prefix="specsched-validate-") as tmp:
         logs, log_paths = _logs(cfg, models, Path(tmp), progress)
         profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress)
-        setups = {g: (*simulator_setup(cfg, profile, path, g), simulator_setup(cfg, pricing, path, g)[0])
-                  for g, path in log_paths.items()}
+        setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims = [], {}
         for point in points:
             sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]

@@ -247,18 +247,20 @@ def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.Data
     return pd.concat(frames, ignore_index=True)
 
 
-def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: Path,
-                    num_draft: int | None = None) -> tuple[HardwareProfile, DrafterSpec]:
-    """(profile, drafter spec) that make ``simulate`` take its acceptance from the log at ``log_path``, for
-    policies that draft ``num_draft`` tokens (default gamma; the drafter spec's gamma).
+def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: Path, num_draft: int | None = None,
+                    pricing: HardwareProfile | None = None) -> tuple[HardwareProfile, DrafterSpec, HardwareProfile]:
+    """(profile, drafter spec, pricing profile) that make ``simulate`` take its acceptance from the log at
+    ``log_path``, for policies that draft ``num_draft`` tokens (default gamma; the drafter spec's gamma).
+    ``pricing`` (default ``profile``) is what the policy prices with (``SimulationSpec.policy_profile``).
 
     ``replay``: :class:`simulator.log_acceptance.LoggedAcceptance` through ``DrafterSpec.log``.
     ``fitted``: a preset fitted to the log (:func:`simulator.fit_preset.fit_preset`), installed under a new
-    name; the profile's draft table of the drafter is copied under that name (same measured latencies).
+    name; both profiles' draft tables of the drafter are copied under that name (same measured latencies).
     """
     gamma = cfg.gamma if num_draft is None else num_draft
+    pricing = profile if pricing is None else pricing
     if cfg.acceptance == "replay":
-        return profile, DrafterSpec(cfg.drafter, gamma, log=str(log_path))
+        return profile, DrafterSpec(cfg.drafter, gamma, log=str(log_path)), pricing
     from simulator.fit_preset import fit_preset
     from simulator.presets import PRESETS
 
@@ -266,8 +268,9 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: P
     name = f"validation-{cfg.drafter}-{abs(hash(tuple(sorted(fitted.tau.items())))) % 10**8}"
     if name not in PRESETS:
         fitted.install(name)
-    raw = json.loads(json.dumps(profile.raw))
-    raw["draft"][name] = raw["draft"][cfg.drafter]
-    renamed = profile_from_dict(raw, profile.path)
-    return renamed, DrafterSpec(name, gamma, confidence=fitted.confidence_spec())
 
+    def renamed(p: HardwareProfile) -> HardwareProfile:
+        raw = json.loads(json.dumps(p.raw))
+        raw["draft"][name] = raw["draft"][cfg.drafter]
+        return profile_from_dict(raw, p.path)
+    return renamed(profile), DrafterSpec(name, gamma, confidence=fitted.confidence_spec()), renamed(pricing)
