@@ -94,7 +94,6 @@ class LoggedAcceptance:
                              f"pass beyond_logged='chain' to chain logged blocks, or log a longer block")
         self.beyond_logged = beyond_logged
         self.source = source
-        self.order = self._order(blocks, order, source)
         self.confidence = self._confidences(blocks, confidence_column, source)  # [N, G]
         self.num_accepted = blocks.num_accepted  # [N]
         # Blocks are sorted by (domain, request_id, step); requests by (domain, request_id).
@@ -103,6 +102,8 @@ class LoggedAcceptance:
         new_request[1:] = (blocks.request_id[1:] != blocks.request_id[:-1]) | (domain_idx[1:] != domain_idx[:-1])
         start = np.flatnonzero(new_request)
         count = np.diff(np.append(start, blocks.request_id.size))
+        request_of_block = np.cumsum(new_request) - 1  # [N] rank of the block's request in block order
+        self.order = self._order(blocks, order, source, np.arange(new_request.size) - start[request_of_block])
         grouped = np.argsort(domain_idx[start], kind="stable")  # group requests in DOMAINS order
         self.block_start, self.block_count = start[grouped], count[grouped]  # [Q] each logged request's blocks
         request_domain = domain_idx[self.block_start]  # [Q]
@@ -112,11 +113,13 @@ class LoggedAcceptance:
         self.decoded_tokens = blocks.decoded_tokens  # [N]
         self._request_rank = grouped  # [Q] rank of each (DOMAINS-grouped) logged request in block order
         self._key_span = int(blocks.decoded_tokens.max()) + 2 if blocks.decoded_tokens.size else 2
-        self._keys = (np.cumsum(new_request) - 1) * self._key_span + blocks.decoded_tokens  # [N]
+        self._keys = request_of_block * self._key_span + blocks.decoded_tokens  # [N]
         last = self.block_start + self.block_count - 1
         self.decoded_end = self.decoded_tokens[last] + self.num_accepted[last] + 1  # [Q] first position not covered
 
-    def _order(self, blocks, order: str, source: str) -> str:
+    def _order(self, blocks, order: str, source: str, step_in_request: np.ndarray) -> str:
+        """The replay order; ``auto`` walks dense logs: every request has a block at every output position 0, 1,
+        2, ... (``decoded_tokens`` equals the block's index within its request)."""
         if order not in ("auto", "walk", "independent"):
             raise ValueError(f"order must be auto, walk or independent, got {order!r}")
         known = blocks.decoded_tokens >= 0
@@ -124,20 +127,11 @@ class LoggedAcceptance:
             raise LogError(f"acceptance log {source}: order='walk' needs the decoded_tokens column at every block "
                            f"({int((~known).sum())} block(s) have none); use order='independent'")
         if order == "auto":
-            order = "walk" if known.all() and self._dense(blocks) else "independent"
+            order = "walk" if np.array_equal(blocks.decoded_tokens, step_in_request) else "independent"
         if order == "walk" and self.beyond_logged == "chain" and self.gamma > self.logged_gamma:
             raise ValueError("beyond_logged='chain' draws further blocks independently; it needs "
                              "order='independent'")
         return order
-
-    @staticmethod
-    def _dense(blocks) -> bool:
-        """Every request has a block at every output position 0, 1, 2, ... (its steps kept one token each)."""
-        first = np.ones(blocks.step.size, dtype=bool)
-        first[1:] = (blocks.request_id[1:] != blocks.request_id[:-1]) | (blocks.domain[1:] != blocks.domain[:-1])
-        step_in_request = np.arange(blocks.step.size) - np.maximum.accumulate(np.where(first, np.arange(first.size),
-                                                                                         0))
-        return bool(np.array_equal(blocks.decoded_tokens, step_in_request))
 
     @staticmethod
     def _confidences(blocks, column: str, source: str) -> np.ndarray:
