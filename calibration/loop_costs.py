@@ -263,13 +263,14 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
                 confidence = rng.uniform(0.05, 1.0, size=(r, g))
                 if between is not None:
                     between()
+                decides = forward is None or i % 2 == 0
                 start = time.perf_counter()
-                if forward is None or i % 2 == 0:
+                if decides:
                     decision = policy.decide(memory.view(ids, confidence, curve))
                     memory = memory.after(policy, ids, decision)
                 if forward is not None:
                     forward()
-                (with_s if forward is None or i % 2 == 0 else without_s).append(time.perf_counter() - start)
+                (with_s if decides else without_s).append(time.perf_counter() - start)
             xs.append(r * g)
             ys.append(statistics.median(with_s) - (statistics.median(without_s) if without_s else 0.0))
     if len(set(xs)) < 2:
