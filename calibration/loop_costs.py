@@ -48,9 +48,10 @@ import torch
 
 from calibration.drafters import Drafter
 from calibration.model import Verifier
-from policies import Greedy, make_policy
+from policies import make_policy
 from policies.base import CostCurve, Policy
-from policies.step_memory import CostSource, PolicyMemory
+from policies.driver import CostSource, PolicyMemory
+from policies.greedy import Greedy
 from simulator.engine import EngineLimits
 from simulator.profile import HardwareProfile, profile_from_dict
 from traces.synthetic import LengthSpec, TrafficSpec
@@ -241,7 +242,7 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
     tokens), fitted by least squares over the candidates R x g.
 
     A decision is what the serving loop spends on the policy per step: the view of its state
-    (:class:`policies.step_memory.PolicyMemory`: stale pools, EMA rows by request), ``decide`` and the state
+    (:class:`policies.driver.PolicyMemory`: stale pools, EMA rows by request), ``decide`` and the state
     update, driven step after step as in the loop. (The loop's ``sched_s`` column times ``decide`` alone;
     the state handling lands in its ``host_s``.) ``between`` runs before every decision: in the loop the
     drafter's pass comes right before it and leaves the CPU's caches holding the model, which makes a

@@ -47,7 +47,7 @@ from calibration.drafters import Drafter
 from calibration.model import Verifier
 from calibration.serving_batch import LiveBatch, Prefilled
 from policies.base import Policy
-from policies.step_memory import CostSource
+from policies.driver import CostSource
 from simulator.engine import EngineLimits, StepLog
 from simulator.metrics import add_request_metrics, summarize
 from simulator.requests import RequestStore

@@ -37,8 +37,8 @@ from calibration.drafters import Drafter, softmax_t
 from calibration.model import KVCache, Verifier
 from calibration.specdec import SpeculativeDecoder, StepRecord
 from policies.base import Policy
-from policies.speculative import sample_token
-from policies.step_memory import CostSource, PolicyMemory
+from policies.driver import CostSource, PolicyMemory
+from policies.lossless.sampler import sample_token
 
 TIMED_PARTS = ("draft", "sched", "verify")  # stopwatch names, also the steps table's *_s columns
 

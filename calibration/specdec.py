@@ -8,7 +8,7 @@ One :meth:`SpeculativeDecoder.step` runs an engine step for every active request
    (drafters without a confidence head report 1.0 everywhere);
 3. the verifier runs ONE flattened forward over ``[anchor, x_1..x_l]`` of every
    request (variable lengths, different contexts);
-4. token-level verification (:func:`policies.speculative.verify_block`: accept with
+4. token-level verification (:func:`policies.lossless.sampler.verify_block`: accept with
    ``min(1, p/q)``, residual at the first rejection, bonus otherwise) emits
    ``accepted + 1`` tokens per request;
 5. the caches keep the anchor and the accepted tokens; the drafter receives their
@@ -29,8 +29,8 @@ import torch
 from calibration.drafters import Drafter, softmax_t
 from calibration.model import Verifier
 from policies.base import Decision, Policy
-from policies.speculative import verify_block
-from policies.step_memory import CostSource, PolicyMemory, check_decision, cost_for
+from policies.driver import CostSource, PolicyMemory, check_decision, cost_for
+from policies.lossless.sampler import verify_block
 
 
 @dataclass(frozen=True)

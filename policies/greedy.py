@@ -18,6 +18,7 @@ from policies.base import (
     sorted_survivals,
     top_k_lengths,
 )
+from policies.registry import register
 
 
 def early_stop_count(theta: np.ndarray) -> int:
@@ -41,6 +42,7 @@ def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective) -> 
     return best_prefix_count(path_throughput(cost, pool.shape[0], sorted_survivals(pool), objective))
 
 
+@register
 @dataclass(frozen=True)
 class Greedy(PolicyTraits):
     """Algorithm 1: admit candidates by descending survival while Theta rises.
@@ -62,6 +64,7 @@ class Greedy(PolicyTraits):
         return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)
 
 
+@register
 @dataclass(frozen=True)
 class GlobalSync(PolicyTraits):
     """LOSSY research baseline: Algorithm 1 without the early stop.

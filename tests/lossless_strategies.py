@@ -22,10 +22,15 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from policies import CostCurve, DSpark, Goodput, Greedy, Mtp, NoSpeculation, Policy, Threshold, prefix_survival
-from policies.exact import ExactDistribution, max_abs_difference, output_distribution, sequence_distribution
-from policies.speculative import Prefix, TokenModels
-from policies.step_memory import PolicyMemory
+from policies import CostCurve, Policy, prefix_survival
+from policies.driver import PolicyMemory
+from policies.dspark import DSpark
+from policies.goodput import Goodput
+from policies.greedy import Greedy
+from policies.lossless.exact import ExactDistribution, max_abs_difference, output_distribution, sequence_distribution
+from policies.lossless.sampler import Prefix, TokenModels
+from policies.static import Mtp, NoSpeculation
+from policies.threshold import Threshold
 
 TOLERANCE = 1e-9
 # Deterministic for CI: a fixed seed, no example database.

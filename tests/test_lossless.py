@@ -17,7 +17,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from policies import DSpark, GlobalSync, Greedy, Mtp, make_policy
+from policies import make_policy
+from policies.dspark import DSpark
+from policies.greedy import GlobalSync, Greedy
+from policies.static import Mtp
 from tests.lossless_strategies import (
     APPENDIX_A,
     APPENDIX_A_WARM,

@@ -21,9 +21,11 @@ import pytest
 from hypothesis import Phase, example, find, given, settings
 from hypothesis import strategies as st
 
-from policies import DSpark, GlobalSync, Greedy, Policy
+from policies import Policy
 from policies.base import Decision, PolicyTraits, StepView, path_throughput, prefix_survival
-from policies.speculative import accept_prob, residual
+from policies.dspark import DSpark
+from policies.greedy import GlobalSync, Greedy
+from policies.lossless.sampler import accept_prob, residual
 from tests.lossless_strategies import APPENDIX_A, APPENDIX_A_WARM, MarkovCase, markov_cases, max_deviation, sized
 
 DEVIATION = 1e-6  # a lossy policy must miss the target by more than this (rounding is ~1e-15)

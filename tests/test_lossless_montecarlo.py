@@ -1,4 +1,4 @@
-"""The sampler (policies/speculative.py) draws from the law the exact checker computes.
+"""The sampler (policies/lossless/sampler.py) draws from the law the exact checker computes.
 
 Each case runs ``generate`` many times with a fixed seed and compares the counts of
 the outputs with the exact distribution by a chi-square goodness-of-fit test at
@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from policies import DSpark, GlobalSync, Greedy, Policy, Threshold, prefix_survival
-from policies.speculative import generate
-from policies.step_memory import PolicyMemory
+from policies import Policy, prefix_survival
+from policies.driver import PolicyMemory
+from policies.dspark import DSpark
+from policies.greedy import GlobalSync, Greedy
+from policies.lossless.sampler import generate
+from policies.threshold import Threshold
 from tests.lossless_strategies import APPENDIX_A, MarkovCase, knife_edge_sps
 
 FALSE_FAILURE_RATE = 1e-6

@@ -1,4 +1,4 @@
-"""The reusable pieces of policies/speculative.py, policies/step_memory.py and policies/exact.py."""
+"""The reusable pieces of policies/lossless/sampler.py, policies/driver.py and policies/lossless/exact.py."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies import CostCurve, DSpark, Greedy, Mtp, NoSpeculation, Oracle
+from policies import CostCurve
 from policies.base import Decision, PolicyTraits, StepView, prefix_survival
-from policies.exact import max_abs_difference, output_distribution, sequence_distribution, verify_branches
-from policies.speculative import (
+from policies.driver import PolicyMemory, active_requests
+from policies.dspark import DSpark
+from policies.greedy import Greedy
+from policies.lossless.exact import max_abs_difference, output_distribution, sequence_distribution, verify_branches
+from policies.lossless.sampler import (
     TokenModels,
     accept_prob,
     acceptance_rate,
@@ -24,7 +27,8 @@ from policies.speculative import (
     speculative_step,
     verify_block,
 )
-from policies.step_memory import PolicyMemory, active_requests
+from policies.oracle import Oracle
+from policies.static import Mtp, NoSpeculation
 from tests.lossless_strategies import APPENDIX_A, distributions, dspark_policies, markov_cases, sized
 
 COST = CostCurve(batch_tokens=np.arange(1, 13), steps_per_s=np.linspace(1.0, 0.3, 12))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import DSpark, GlobalSync, Greedy, make_policy
+from policies import make_policy
 from policies.base import StepView, path_throughput, prefix_survival, sorted_candidates, top_k_lengths
-from policies.greedy import early_stop_count
+from policies.dspark import DSpark
+from policies.greedy import GlobalSync, Greedy, early_stop_count
 from tests.conftest import curve
 
 # DSpark paper, Appendix A: one request, gamma = 2, SPS(1..3) = (1.0, 0.5, 0.45), a_1 = 0.8.
@@ -206,3 +209,26 @@ def test_registry_errors_name_the_valid_choices():
     with pytest.raises(ValueError, match="staleness_steps must be 0, 1 or 2"):
         make_policy("dspark", staleness_steps=3)
     assert make_policy("mtp7").k == 7
+
+
+def test_policies_import_no_simulator_framework_torch_or_hydra():
+    """policies/ decides only: importing it (every policy module included) loads no simpy, torch or hydra."""
+    code = ("import sys, policies, policies.lossless.exact, policies.lossless.sampler\n"
+            "policies.policy_classes()\n"
+            "print(sorted(m for m in ('simpy', 'torch', 'hydra', 'omegaconf', 'matplotlib', 'pandas') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_policy_module_is_discovered():
+    """Each top-level policy module registers at least one policy, and every policy declares its traits."""
+    import pkgutil
+
+    import policies
+    classes = policies.policy_classes()
+    modules = {m.name for m in pkgutil.iter_modules(policies.__path__) if not m.ispkg}
+    assert modules - {"base", "driver", "registry"} == {cls.__module__.split(".")[-1] for cls in classes.values()}
+    for name in classes:
+        policy = make_policy(name)
+        assert isinstance(policy.lossless, bool) and isinstance(policy.synchronous, bool), name

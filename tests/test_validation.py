@@ -20,8 +20,10 @@ from calibration.serving import ServingModels, ServingSpec, random_prompts, serv
 from calibration.serving_batch import LiveBatch
 from calibration.validate import main
 from calibration.validation_setup import ValidationConfig, median_profile
-from policies import DSpark, Greedy, make_policy
+from policies import make_policy
 from policies.base import CostCurve
+from policies.dspark import DSpark
+from policies.greedy import Greedy
 from simulator import DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.engine import StepLog
 from simulator.profile import load_profile

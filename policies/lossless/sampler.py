@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.base import Decision, Policy
-from policies.step_memory import CostSource, PolicyMemory, active_requests, check_decision, cost_for
+from policies.driver import CostSource, PolicyMemory, active_requests, check_decision, cost_for
 
 Prefix = tuple[int, ...]
 TargetFn = Callable[[Prefix], np.ndarray]  # prefix -> [V]

@@ -7,8 +7,8 @@
   handed back as ``StepView.smoothed``; a request without a row (new to the batch)
   gets a row of NaN.
 
-Both the sampler (:mod:`policies.speculative`) and the exact checker
-(:mod:`policies.exact`) use this module, so they feed policies identically.
+Both the sampler (:mod:`policies.lossless.sampler`) and the exact checker
+(:mod:`policies.lossless.exact`) use this module, so they feed policies identically.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ every draft block, the policy's decision on it, every accept/reject outcome and
 every correction or bonus token - and sums the probabilities of the first m output
 tokens of each request. Steps repeat (each emits accepted + 1 tokens per request)
 until every request holds m tokens; the policy's memory (stale pools, EMA rows) is
-carried along each branch exactly as :func:`policies.speculative.generate` carries it.
+carried along each branch exactly as :func:`policies.lossless.sampler.generate` carries it.
 
 No sampling: results are sums of float products, exact up to rounding (~1e-15).
 Policies must be pure (the ``Policy`` contract): decisions are cached by input.
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from policies.base import Policy
-from policies.speculative import (
+from policies.driver import CostSource, PolicyMemory, active_requests, check_decision, cost_for
+from policies.lossless.sampler import (
     DraftBlock,
     Prefix,
     TokenModels,
@@ -32,7 +33,6 @@ from policies.speculative import (
     stack_rows,
     target_rows,
 )
-from policies.step_memory import CostSource, PolicyMemory, active_requests, check_decision, cost_for
 
 Branch = tuple[float, Prefix]  # (probability, emitted tokens)
 Outputs = tuple[Prefix, ...]  # output tokens of every request, in request order
@@ -41,7 +41,7 @@ Outputs = tuple[Prefix, ...]  # output tokens of every request, in request order
 def verify_branches(target_probs: np.ndarray, draft_probs: np.ndarray, draft_tokens: Sequence[int]) -> list[Branch]:
     """Every outcome of verifying ``draft_tokens`` with its probability (the exact form of ``verify_block``).
 
-    Shapes as in :func:`policies.speculative.verify_block`. The probabilities sum to 1.
+    Shapes as in :func:`policies.lossless.sampler.verify_block`. The probabilities sum to 1.
     """
     branches: list[Branch] = []
     survive = 1.0  # probability that x_1..x_k were all accepted
@@ -188,7 +188,7 @@ def output_distribution(models: Sequence[TokenModels], prompts: Sequence[Prefix]
                         max_states: int = 200_000) -> ExactDistribution:
     """Exact joint distribution of the first ``num_tokens`` output tokens of every request.
 
-    Arguments mean what they mean for :func:`policies.speculative.generate`
+    Arguments mean what they mean for :func:`policies.lossless.sampler.generate`
     (``memory``: the policy's state before the first step, default a fresh engine).
     Branches whose requests agree on their first ``num_tokens`` outputs and on
     their *context*, and whose policy memories are equal, are merged. The context

@@ -1,0 +1,42 @@
+"""Fixed confidence thresholds (the paper's Figure 5 baseline)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from policies.base import Decision, PolicyTraits, StepView, prefix_survival
+from policies.registry import register
+
+
+@register
+@dataclass(frozen=True)
+class Threshold(PolicyTraits):
+    """Fixed confidence threshold theta.
+
+    ``variant="prefix"``: l_r = max{j : a[r, j] >= theta} (survival of the whole prefix).
+    ``variant="position"``: l_r = max{j : c[r, i] >= theta for all i <= j}.
+    Both read only c[r, 1..j] to admit position j, so they are non-anticipating.
+    """
+
+    theta: float = 0.5
+    variant: Literal["prefix", "position"] = "prefix"
+    name: ClassVar[str] = "threshold"
+    synchronous: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.theta <= 1.0:
+            raise ValueError(f"threshold: theta must lie in [0, 1], got {self.theta}")
+        if self.variant not in ("prefix", "position"):
+            raise ValueError(f"threshold: variant must be 'prefix' or 'position', got {self.variant!r}")
+
+    def decide(self, view: StepView) -> Decision:
+        survival = prefix_survival(view.confidence)
+        if self.variant == "prefix":
+            passed = survival >= self.theta
+        else:
+            passed = np.cumprod(view.confidence >= self.theta, axis=1).astype(bool)
+        lengths = passed.sum(axis=1).astype(np.int64)
+        return Decision(lengths=lengths, pool=survival, capacity=int(lengths.sum()))
