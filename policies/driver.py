@@ -45,8 +45,10 @@ class PolicyMemory:
     pools: tuple[np.ndarray, ...] = ()  # each [R_old, gamma], oldest first
     smoothed: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))  # id -> [gamma]
 
-    def view(self, request_ids: Sequence[int], confidence: np.ndarray, cost: CostCurve) -> StepView:
-        """The StepView of a step whose rows are ``request_ids`` (in that order)."""
+    def view(self, request_ids: Sequence[int], confidence: np.ndarray, cost: CostCurve,
+             accepted: np.ndarray | None = None) -> StepView:
+        """The StepView of a step whose rows are ``request_ids`` (in that order); ``accepted`` only for policies that
+        read outcomes (upper bounds)."""
         smoothed = None
         if self.smoothed:
             num_draft = confidence.shape[1]
@@ -55,7 +57,7 @@ class PolicyMemory:
                 raise ValueError(f"EMA rows of requests {wrong} do not have {num_draft} entries (one per draft token)")
             nan_row = np.full(num_draft, np.nan)
             smoothed = np.array([self.smoothed.get(r, nan_row) for r in request_ids]).reshape(confidence.shape)
-        return StepView(confidence=confidence, cost=cost, history=self.pools, smoothed=smoothed)
+        return StepView(confidence=confidence, cost=cost, history=self.pools, smoothed=smoothed, accepted=accepted)
 
     def after(self, policy: Policy, request_ids: Sequence[int], decision: Decision) -> PolicyMemory:
         """The memory for the next step once ``decision`` was taken for ``request_ids``."""
