@@ -35,7 +35,7 @@ from policies.lossless.sampler import verify_block
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One step's outcome; the last three fields feed :mod:`simulator.acceptance_log`."""
+    """One step's outcome; the last three fields feed :mod:`simulator.acceptance.logs`."""
 
     decision: Decision
     lengths: np.ndarray  # [R] verified draft tokens

@@ -48,9 +48,10 @@ from calibration.model import Verifier
 from calibration.serving_batch import LiveBatch, Prefilled
 from policies.base import Policy
 from policies.driver import CostSource
-from simulator.engine import EngineLimits, StepLog
+from simulator.engine import StepLog
 from simulator.metrics import add_request_metrics, summarize
 from simulator.requests import RequestStore
+from simulator.specs import EngineLimits
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
 from traces.workload import DOMAINS, Workload
 

@@ -52,8 +52,8 @@ from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.greedy import Greedy
-from simulator.engine import EngineLimits
 from simulator.profile import HardwareProfile, profile_from_dict
+from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
 
 FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))

@@ -8,7 +8,7 @@ at temperature 1 with each drafter proposing ``gamma`` tokens, all of them verif
 ``--new-tokens`` tokens; only steps of requests still decoding are logged. The same
 prompts (``request_id``) are used for every drafter. The tables put the measured tau and
 conditional acceptance next to the paper's Qwen3-4B values (Table 1 domain means and the
-Figure 2 fit of :mod:`simulator.presets`).
+Figure 2 fit of :mod:`simulator.acceptance.presets`).
 
 ``--dense`` keeps one token per step instead: every output position gets a fully
 verified block, the log the simulator replays in order (``drafter.log_order=walk``).
@@ -34,8 +34,8 @@ from calibration.specdec import SpeculativeDecoder
 from calibration.train import TrainConfig, heldout_report
 from policies import make_policy
 from policies.base import CostCurve
-from simulator.acceptance_log import AcceptanceRecorder, summary, write_log
-from simulator.presets import TABLE1_QWEN3_4B, preset
+from simulator.acceptance.logs import AcceptanceRecorder, summary, write_log
+from simulator.acceptance.presets import TABLE1_QWEN3_4B, preset
 from traces.workload import DOMAINS
 
 FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))

@@ -223,7 +223,7 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
 def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.DataFrame:
     """A dense acceptance log of the served models on the traffic's prompts: a verified block of ``num_draft``
     tokens at every output position, replayed in order by the simulator
-    (:class:`simulator.log_acceptance.LoggedAcceptance`).
+    (:class:`simulator.acceptance.replay.LoggedAcceptance`).
 
     Per domain, ``log_requests`` requests with prompt lengths drawn from the traffic's
     distribution are decoded together by :class:`calibration.specdec.SpeculativeDecoder`
@@ -253,16 +253,16 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: P
     ``log_path``, for policies that draft ``num_draft`` tokens (default gamma; the drafter spec's gamma).
     ``pricing`` (default ``profile``) is what the policy prices with (``SimulationSpec.policy_profile``).
 
-    ``replay``: :class:`simulator.log_acceptance.LoggedAcceptance` through ``DrafterSpec.log``.
-    ``fitted``: a preset fitted to the log (:func:`simulator.fit_preset.fit_preset`), installed under a new
+    ``replay``: :class:`simulator.acceptance.replay.LoggedAcceptance` through ``DrafterSpec.log``.
+    ``fitted``: a preset fitted to the log (:func:`calibration.acceptance.fit_preset.fit_preset`), installed under a new
     name; both profiles' draft tables of the drafter are copied under that name (same measured latencies).
     """
     gamma = cfg.gamma if num_draft is None else num_draft
     pricing = profile if pricing is None else pricing
     if cfg.acceptance == "replay":
         return profile, DrafterSpec(cfg.drafter, gamma, log=str(log_path)), pricing
-    from simulator.fit_preset import fit_preset
-    from simulator.presets import PRESETS
+    from calibration.acceptance.fit_preset import fit_preset
+    from simulator.acceptance.presets import PRESETS
 
     fitted = fit_preset(log_path, drafter=cfg.drafter)
     name = f"validation-{cfg.drafter}-{abs(hash(tuple(sorted(fitted.tau.items())))) % 10**8}"

@@ -13,11 +13,11 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    (:func:`calibration.loop_costs.with_loop_costs`);
 2. **acceptance** from a log: ``--log`` (e.g. ``calibration.evaluate``'s log of the
    trained models), or one recorded here with
-   :class:`simulator.acceptance_log.AcceptanceRecorder` (every draft token
+   :class:`simulator.acceptance.logs.AcceptanceRecorder` (every draft token
    verified, ``--log-requests`` requests per domain with the traffic's lengths);
    the simulator replays it
-   (:class:`simulator.log_acceptance.LoggedAcceptance`, default) or uses a preset
-   fitted to it (:func:`simulator.fit_preset.fit_preset`, ``--acceptance fitted``);
+   (:class:`simulator.acceptance.replay.LoggedAcceptance`, default) or uses a preset
+   fitted to it (:func:`calibration.acceptance.fit_preset.fit_preset`, ``--acceptance fitted``);
 3. **simulate** with that profile and acceptance, and **serve** for real with
    :func:`calibration.serving.serve` (same traffic generator, limits, duration and seed);
 4. **report** throughput, mean/p50/p90 tok/s/user, TTFT, tau and the verification
@@ -64,7 +64,7 @@ from calibration.validation_setup import (
 )
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
-from simulator.acceptance_log import read_log, write_log
+from simulator.acceptance.logs import read_log, write_log
 from simulator.profile import HardwareProfile
 
 
