@@ -12,7 +12,7 @@
 * :mod:`calibration.corpora` / :mod:`calibration.train` / :mod:`calibration.checkpoints` - a byte-level target and
   the four drafters trained on CPU (``docs/acceptance_logs.md``);
 * :mod:`calibration.evaluate` - measure the trained drafters and write an acceptance log (the format and
-  sequential temperature scaling live in :mod:`simulator.acceptance_log` and :mod:`simulator.sts`).
+  sequential temperature scaling live in :mod:`simulator.acceptance.logs` and :mod:`calibration.acceptance.sts`).
 
 Torch is imported only by the torch modules; the roofline needs numpy alone.
 """

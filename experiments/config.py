@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from policies import Policy, make_policy
 from simulator import ClusterSpec, ConfidenceSpec, DifficultySpec, DrafterSpec, EngineLimits, SimulationSpec
-from simulator.presets import DRAFTERS
+from simulator.acceptance.presets import DRAFTERS
 from simulator.profile import load_profile
 from traces import load_trace_workload
 from traces.synthetic import TrafficSpec

@@ -16,7 +16,7 @@ import numpy as np
 
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, load_profile, simulate
-from simulator.presets import DRAFTERS, FIGURE2_ANCHORS, TABLE1_QWEN3_4B
+from simulator.acceptance.presets import DRAFTERS, FIGURE2_ANCHORS, TABLE1_QWEN3_4B
 from traces.synthetic import TrafficSpec
 from traces.workload import DOMAINS
 

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 from simpy.events import Event
 
-from policies.base import CostCurve, Decision, Policy, StepView
-from simulator.acceptance import AcceptanceModel
-from simulator.log_acceptance import LoggedAcceptance
+from policies import CostCurve, Decision, Policy, PolicyMemory, check_decision
+from simulator.acceptance import AcceptanceSource
 from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
+from simulator.specs import EngineLimits
 
 # A step ends after every other event scheduled for the same instant
 # (simpy's NORMAL priority is 1), so requests that arrive or finish prefill at
@@ -42,14 +41,6 @@ class _StepEnd(Event):
         self._ok = True
         self._value = None
         env.schedule(self, STEP_END_PRIORITY, delay_s)
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    """Admission limits of one replica. KV is reserved for prompt + full output at admission."""
-
-    max_concurrency: int = 256
-    kv_capacity_tokens: int = 600_000
 
 
 class StepLog:
@@ -69,7 +60,7 @@ class DecodeEngine:
     """A replica's decode loop. ``submit`` hands it prefilled requests."""
 
     def __init__(self, env: simpy.Environment, engine_id: int, store: RequestStore, policy: Policy,
-                 profile: HardwareProfile, acceptance: AcceptanceModel | LoggedAcceptance, drafter: str, gamma: int,
+                 profile: HardwareProfile, acceptance: AcceptanceSource, drafter: str, gamma: int,
                  limits: EngineLimits, rng: np.random.Generator, steps: StepLog,
                  on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0,
                  policy_profile: HardwareProfile | None = None) -> None:
@@ -84,8 +75,7 @@ class DecodeEngine:
         self.waiting: deque[int] = deque()
         self.active = np.empty(0, dtype=np.int64)  # [R] request ids
         self.remaining = np.empty(0, dtype=np.int64)  # [R] output tokens still to produce
-        self.smoothed = np.empty((0, self.draft_tokens))  # [R, g] policy EMA state (NaN = none yet)
-        self.history: deque[np.ndarray] = deque(maxlen=max(policy.history_steps, 1))
+        self.memory = PolicyMemory()  # stale pools and EMA rows the policy carries between steps
         self.kv_used_tokens = 0
         # Histograms over request-steps of l_r and of accepted draft tokens (0..g);
         # per-position acceptance follows from their reverse cumulative sums.
@@ -130,7 +120,6 @@ class DecodeEngine:
         store.engine[ids] = self.engine_id
         self.active = np.concatenate((self.active, ids))
         self.remaining = np.concatenate((self.remaining, store.output_tokens[ids] - 1))
-        self.smoothed = np.concatenate((self.smoothed, np.full((ids.size, self.draft_tokens), np.nan)))
         zeros = np.zeros(ids.size, dtype=np.int64)
         self._num_steps = np.concatenate((self._num_steps, zeros))
         self._num_verified = np.concatenate((self._num_verified, zeros))
@@ -164,11 +153,9 @@ class DecodeEngine:
             confidence, accepted = self.acceptance.sample_step(
                 self.rng, store.domain_idx[active], store.difficulty[active], g, decoded_tokens)
             draft_s, sched_s, cost = self._step_cost(num_requests)
-            view = StepView(confidence=confidence, cost=cost,
-                            history=tuple(self.history), smoothed=self.smoothed,
-                            accepted=accepted if policy.needs_outcomes else None)
+            view = self.memory.view(active, confidence, cost, accepted if policy.needs_outcomes else None)
             decision = policy.decide(view)
-            lengths = decision.lengths
+            lengths = check_decision(policy, decision, num_requests, g)
             batch_tokens = num_requests + int(lengths.sum())
             padded_slots = num_requests * (1 + int(lengths.max())) - batch_tokens
             verify_s = self.profile.verify_s(num_requests, batch_tokens, padded_slots)
@@ -188,9 +175,7 @@ class DecodeEngine:
         if now > self.measure_from_s:
             self.verified_length_counts += np.bincount(lengths, minlength=self.draft_tokens + 1)
             self.accepted_length_counts += np.bincount(good, minlength=self.draft_tokens + 1)
-        self.history.append(decision.pool)
-        if decision.smoothed is not None:
-            self.smoothed = decision.smoothed
+        self.memory = self.memory.after(self.policy, active, decision)
         self.steps.append(self.engine_id, start_at, now, active.size, batch_tokens, int(lengths.sum()),
                           int(good.sum()), int(emitted.sum()), decision.capacity, draft_s, sched_s, verify_s)
         done = self.remaining == 0
@@ -202,7 +187,7 @@ class DecodeEngine:
             store.num_accepted_tokens[finished] = self._num_accepted[done]
             self.kv_used_tokens -= int((store.prompt_tokens[finished] + store.output_tokens[finished]).sum())
             keep = ~done
-            self.active, self.remaining, self.smoothed = active[keep], self.remaining[keep], self.smoothed[keep]
+            self.active, self.remaining = active[keep], self.remaining[keep]
             self._num_steps, self._num_verified = self._num_steps[keep], self._num_verified[keep]
             self._num_accepted = self._num_accepted[keep]
             self.on_finish(finished)

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.cluster import Cluster, SimulationSpec
+from simulator.cluster import Cluster
 from simulator.engine import StepLog
 from simulator.metrics import add_request_metrics, summarize
+from simulator.specs import SimulationSpec
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.acceptance_log import AcceptanceRecorder
+from simulator.acceptance.logs import AcceptanceRecorder
 
 BASE_CURVES = {"math": (0.9, 0.86), "code": (0.85, 0.8), "chat": (0.7, 0.62)}  # (q_1, q_gamma), linear between
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.acceptance import AcceptanceModel
-from simulator.acceptance_log import (
+from calibration.acceptance.fit_preset import fit_curve, fit_preset
+from simulator.acceptance.logs import (
     AcceptanceRecorder,
     LogError,
     conditional_acceptance,
@@ -16,9 +16,9 @@ from simulator.acceptance_log import (
     to_blocks,
     write_log,
 )
-from simulator.fit_preset import fit_curve, fit_preset
-from simulator.log_acceptance import LoggedAcceptance
-from simulator.presets import PRESETS, AcceptanceCurve
+from simulator.acceptance.parametric import AcceptanceModel
+from simulator.acceptance.presets import PRESETS, AcceptanceCurve
+from simulator.acceptance.replay import LoggedAcceptance
 from tests.log_factories import synthetic_log
 from traces.workload import DOMAINS
 

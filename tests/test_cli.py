@@ -100,7 +100,7 @@ def test_cli_lossy_policy_is_flagged(tmp_path):
 def test_drafter_log_replays_an_acceptance_log(tmp_path):
     import numpy as np
 
-    from simulator.acceptance_log import write_log
+    from simulator.acceptance.logs import write_log
     from tests.log_factories import synthetic_log
 
     path = write_log(synthetic_log(np.random.default_rng(0), drafter="dspark", gamma=5), tmp_path / "log.parquet")

@@ -8,8 +8,8 @@ import pytest
 
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
-from simulator.acceptance_log import AcceptanceRecorder, LogError, read_log, to_blocks, write_log
-from simulator.log_acceptance import LoggedAcceptance
+from simulator.acceptance.logs import AcceptanceRecorder, LogError, read_log, to_blocks, write_log
+from simulator.acceptance.replay import LoggedAcceptance
 from simulator.profile import load_profile
 from tests.log_factories import synthetic_log
 from traces.workload import DOMAINS, Workload

@@ -13,8 +13,8 @@ import pytest
 from scipy.stats import rankdata
 
 from experiments.table1 import measure
-from simulator.acceptance import AcceptanceModel, ConfidenceSpec
-from simulator.presets import FIGURE2_ANCHORS, PRESETS, TABLE1_QWEN3_4B, preset
+from simulator.acceptance.parametric import AcceptanceModel, ConfidenceSpec
+from simulator.acceptance.presets import FIGURE2_ANCHORS, PRESETS, TABLE1_QWEN3_4B, preset
 from traces.workload import DOMAINS
 
 CASES = [(d, dom) for d in TABLE1_QWEN3_4B for dom in DOMAINS]

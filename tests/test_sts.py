@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from simulator.acceptance_log import to_blocks
-from simulator.sts import (
+from calibration.acceptance.sts import (
     auc,
     brier,
     ece,
@@ -19,6 +18,7 @@ from simulator.sts import (
     sts_report,
     temperature_scale,
 )
+from simulator.acceptance.logs import to_blocks
 from tests.log_factories import synthetic_log
 
 probabilities = arrays(np.float64, st.integers(2, 60), elements=st.floats(1e-4, 1 - 1e-4))

@@ -13,7 +13,7 @@ from calibration.corpora import decode, encode, load_corpus, math_corpus, sample
 from calibration.evaluate import decode_and_record
 from calibration.teacher_forcing import BlockPrediction, drafter_forward, target_forward
 from calibration.train import TrainConfig, drafter_losses, main, position_weights, train_drafter, train_target
-from simulator.acceptance_log import to_blocks, validate
+from simulator.acceptance.logs import to_blocks, validate
 
 GAMMA = 7
 
@@ -140,8 +140,8 @@ def test_recorded_log_matches_the_analytic_acceptance(target):
 
 def test_dense_recording_has_a_block_at_every_position(target, tmp_path):
     """max_kept_tokens=1 (evaluate --dense): per request, blocks at positions 0..n-1, walked in order on replay."""
-    from simulator.acceptance_log import write_log
-    from simulator.log_acceptance import LoggedAcceptance
+    from simulator.acceptance.logs import write_log
+    from simulator.acceptance.replay import LoggedAcceptance
 
     drafter = sharp(checkpoints.new_drafter(checkpoints.DRAFTER_CONFIGS["dspark"], target,
                                             torch.Generator().manual_seed(6)))

@@ -2,7 +2,7 @@
 
 Per domain the log gives the measured conditional acceptance q_1..q_G (Figure 2's
 metric over fully verified blocks) and tau. :func:`fit_curve` turns q into the preset
-family of :class:`simulator.presets.AcceptanceCurve`: ``first = q_1`` and
+family of :class:`simulator.acceptance.presets.AcceptanceCurve`: ``first = q_1`` and
 ``last = q_7`` are pinned, ``shape`` is solved so that the curve's tau over 7
 positions equals the measured one (when no shape does - a non-monotone curve -
 ``shape`` is fitted by least squares and first and last are shifted together
@@ -13,7 +13,7 @@ against the outcome among blocks that reached position k - the quantity
 :class:`simulator.acceptance.ConfidenceSpec` takes.
 
     fitted = fit_preset("outputs/acceptance/tiny_byte.parquet", drafter="dspark")
-    name = fitted.install("tiny-dspark")          # adds simulator.presets.PRESETS["tiny-dspark"]
+    name = fitted.install("tiny-dspark")          # adds simulator.acceptance.presets.PRESETS["tiny-dspark"]
     model = AcceptanceModel(name, 7, confidence=fitted.confidence_spec())
 """
 
@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq, minimize_scalar
 
-from simulator.acceptance import ConfidenceSpec
-from simulator.acceptance_log import LogError, conditional_acceptance, read_log, to_blocks
-from simulator.presets import PAPER_POSITIONS, PRESETS, AcceptanceCurve
-from simulator.sts import auc
+from calibration.acceptance.sts import auc
+from simulator.acceptance.logs import LogError, conditional_acceptance, read_log, to_blocks
+from simulator.acceptance.parametric import ConfidenceSpec
+from simulator.acceptance.presets import PAPER_POSITIONS, PRESETS, AcceptanceCurve
 from traces.workload import DOMAINS
 
 _LOG_SHAPE_RANGE = (-5.0, 5.0)  # shape in [e^-5, e^5]
@@ -96,7 +96,7 @@ class FittedPreset:
         return ConfidenceSpec(auc=round(self.auc, 4), calibrated=calibrated)
 
     def install(self, name: str) -> str:
-        """Register the curves as ``simulator.presets.PRESETS[name]`` (every domain needed) and return ``name``.
+        """Register the curves as ``simulator.acceptance.presets.PRESETS[name]`` (every domain needed) and return ``name``.
 
         Refuses to replace different curves under an existing name: the acceptance
         model caches its tables by drafter name.

@@ -31,7 +31,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
-from simulator.presets import preset
+from simulator.acceptance.presets import preset
 from traces.workload import DOMAINS
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(24)  # probabilists' Hermite: N(0, 1)

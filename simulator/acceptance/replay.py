@@ -51,7 +51,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from simulator.acceptance_log import LogError, read_log, to_blocks
+from simulator.acceptance.logs import LogError, read_log, to_blocks
 from traces.workload import DOMAINS
 
 BeyondLogged = Literal["error", "chain"]

@@ -13,7 +13,7 @@ Metrics per position k, over fully verified blocks: ECE (equal-width bins, weigh
 bin counts), ROC-AUC and Brier score of a_k against survival. Temperatures are fitted
 on one half of the requests and reported on the other (split by request, seeded).
 
-    python -m simulator.sts outputs/acceptance/tiny_byte.parquet --drafter dspark --figure sts.png
+    python -m calibration.acceptance.sts outputs/acceptance/tiny_byte.parquet --drafter dspark --figure sts.png
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.acceptance_log import Blocks, read_log, to_blocks
+from simulator.acceptance.logs import Blocks, read_log, to_blocks
 
 DEFAULT_TEMPERATURES = np.geomspace(0.05, 20.0, 321)  # includes T = 1 (index 160)
 _EPS = 1e-7
