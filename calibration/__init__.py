@@ -1,18 +1,24 @@
-"""Calibration: where step costs come from.
+"""Calibration: where the simulator's step costs and acceptance come from, and how well it predicts a real loop.
 
-* :mod:`calibration.shapes` - model shapes (Qwen3 presets, an MoE approximation), parameter counts;
-* :mod:`calibration.roofline` / :mod:`calibration.drafter_cost` - analytic profiles (``source: analytic``);
-* :mod:`calibration.model` / :mod:`calibration.drafters` - the torch verifier and drafters (random weights);
-* :mod:`calibration.specdec` - real speculative decoding with those models and a policy;
-* :mod:`calibration.serving` / :mod:`calibration.serving_batch` - a real continuous-batching serving loop on those
-  models (the simulator's engine model, wall clock, the simulator's tables); :mod:`calibration.loop_costs` - what the
-  loop costs beyond its forward passes, for a profile; :mod:`calibration.validate` /
-  :mod:`calibration.validation_report` - the simulator's predictions against the loop (``docs/validation.md``);
-* :mod:`calibration.profile_gpu` - measured profiles (``source: measured``); :mod:`calibration.compare` plots both;
-* :mod:`calibration.corpora` / :mod:`calibration.train` / :mod:`calibration.checkpoints` - a byte-level target and
-  the four drafters trained on CPU (``docs/acceptance_logs.md``);
-* :mod:`calibration.evaluate` - measure the trained drafters and write an acceptance log (the format and
-  sequential temperature scaling live in :mod:`simulator.acceptance.logs` and :mod:`calibration.acceptance.sts`).
+Each subpackage owns one idea:
 
-Torch is imported only by the torch modules; the roofline needs numpy alone.
+* :mod:`calibration.models` - model and drafter shapes, the trained models' presets (no torch), the torch verifier
+  and drafters, and their checkpoints (shipped in ``calibration/models/weights/``);
+* :mod:`calibration.training` - corpora and CPU training of the byte-level target and the four drafters
+  (``docs/acceptance_logs.md``);
+* :mod:`calibration.profiling` - hardware profiles: the analytic roofline (``source: analytic``, no torch), measured
+  profiles of the torch models (``source: measured``), the serving loop's own costs, the one profile writer, and
+  the comparison figure;
+* :mod:`calibration.serving` - a real continuous-batching serving loop of real speculative decoding, written
+  independently of the simulator's engine: the ground truth of the validation;
+* :mod:`calibration.acceptance` - acceptance logs of the trained models, preset fitting and confidence
+  calibration;
+* :mod:`calibration.validation` - the simulator's predictions against the real loop (``docs/validation.md``).
+
+Imports point one way, down the layers ``models``, ``training``, ``serving``, ``profiling``, ``acceptance``,
+``validation``: a subpackage imports only those before it (``tests/test_calibration_layers.py`` checks).
+
+The modules at this level are the commands' entry points (``python -m calibration.profile_gpu``, ``.roofline``,
+``.compare``, ``.train``, ``.evaluate``, ``.validate``). Importing this package imports no torch; neither do
+:mod:`calibration.models.shapes` and the analytic roofline.
 """

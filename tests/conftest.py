@@ -35,8 +35,8 @@ def tiny_verifier_v8(torch_one_thread):
 
     import torch
 
-    from calibration.model import build_verifier
-    from calibration.shapes import get_shape
+    from calibration.models.model import build_verifier
+    from calibration.models.shapes import get_shape
 
     shape = dataclasses.replace(get_shape("tiny"), name="tiny-v8", vocab_size=8)
     return build_verifier(shape, torch.Generator().manual_seed(11), std=0.1)

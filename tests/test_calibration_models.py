@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from calibration.drafters import DraftOutput, ParallelDrafter, build_drafter
-from calibration.model import Verifier, build_verifier
-from calibration.shapes import get_shape
+from calibration.models.drafters import DraftOutput, ParallelDrafter, build_drafter
+from calibration.models.model import Verifier, build_verifier
+from calibration.models.shapes import get_shape
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

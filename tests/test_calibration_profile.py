@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from calibration.compare import main as compare_main
-from calibration.profile_gpu import batch_grid, padding_cost, split_tokens
+from calibration.profiling.compare import main as compare_main
+from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from simulator.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]

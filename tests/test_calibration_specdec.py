@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.drafters import build_drafter
-from calibration.model import Verifier
-from calibration.specdec import SpeculativeDecoder
+from calibration.models.drafters import build_drafter
+from calibration.models.model import Verifier
+from calibration.serving.specdec import SpeculativeDecoder
 from policies import make_policy
 from policies.base import CostCurve
 from tests.chi_square import chi_square

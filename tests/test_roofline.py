@@ -8,18 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from calibration.drafter_cost import default_drafters, draft_latency_s
-from calibration.roofline import (
-    GPUS,
-    Assumptions,
-    Roofline,
-    build_profile,
-    cuda_graph_sizes,
-    gpus_per_replica,
-    main,
-    verify_grid,
-)
-from calibration.shapes import get_shape
+from calibration.models.shapes import default_drafters, get_shape
+from calibration.profiling.analytic import build_profile, main
+from calibration.profiling.drafter_cost import draft_latency_s
+from calibration.profiling.roofline import GPUS, Assumptions, Roofline, cuda_graph_sizes, gpus_per_replica, verify_grid
 from simulator.profile import load_profile, profile_from_dict
 
 FIXED_DAY = datetime.date(2026, 1, 1)

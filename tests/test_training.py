@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from calibration import checkpoints
-from calibration.corpora import decode, encode, load_corpus, math_corpus, sample_prompts, sample_windows
-from calibration.evaluate import decode_and_record
-from calibration.teacher_forcing import BlockPrediction, drafter_forward, target_forward
-from calibration.train import TrainConfig, drafter_losses, main, position_weights, train_drafter, train_target
+from calibration.acceptance.evaluate import decode_and_record
+from calibration.models import checkpoints
+from calibration.models.presets import BYTE_SHAPE, DRAFTER_CONFIGS
+from calibration.training.corpora import decode, encode, load_corpus, math_corpus, sample_prompts, sample_windows
+from calibration.training.teacher_forcing import BlockPrediction, drafter_forward, target_forward
+from calibration.training.train import TrainConfig, drafter_losses, main, position_weights, train_drafter, train_target
 from simulator.acceptance.logs import to_blocks, validate
 
 GAMMA = 7
@@ -45,10 +46,10 @@ def test_target_forward_matches_the_cached_verifier(target):
     torch.testing.assert_close(out.features[0], ref.features)
 
 
-@pytest.mark.parametrize("kind", list(checkpoints.DRAFTER_CONFIGS))
+@pytest.mark.parametrize("kind", list(DRAFTER_CONFIGS))
 def test_drafter_training_forward_matches_propose(target, kind):
     """Teacher-forcing the drafted tokens reproduces the proposal distributions and confidences of inference."""
-    drafter = sharp(checkpoints.new_drafter(checkpoints.DRAFTER_CONFIGS[kind], target,
+    drafter = sharp(checkpoints.new_drafter(DRAFTER_CONFIGS[kind], target,
                                             torch.Generator().manual_seed(3)))
     tokens = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(4))
     n = 20  # anchor position: the context is tokens[:n]
@@ -97,13 +98,13 @@ def test_training_smoke_and_checkpoint_round_trip(tmp_path):
     losses: list[float] = []
     target = train_target(corpora, config, lambda step, loss: losses.append(loss))
     assert len(losses) == 3 and all(np.isfinite(losses))
-    checkpoints.save(target, tmp_path / "target.pt", {"shape": checkpoints.BYTE_SHAPE.name})
+    checkpoints.save(target, tmp_path / "target.pt", {"shape": BYTE_SHAPE.name})
     loaded = checkpoints.load_target(tmp_path)
     tokens = torch.from_numpy(sample_windows(corpora, 1, 32, np.random.default_rng(0)))
     with torch.no_grad():
         torch.testing.assert_close(target_forward(loaded, tokens).logits, target_forward(target, tokens).logits,
                                    atol=0.05, rtol=0.05)  # fp16 weights
-    for kind, spec in checkpoints.DRAFTER_CONFIGS.items():
+    for kind, spec in DRAFTER_CONFIGS.items():
         seen: list[float] = []
         drafter = train_drafter(kind, target, corpora, config, lambda s, loss, seen=seen: seen.append(loss))
         assert len(seen) == 3 and all(np.isfinite(seen))
@@ -123,7 +124,7 @@ def test_train_command_writes_checkpoints_and_manifest(tmp_path, capsys):
 
 def test_recorded_log_matches_the_analytic_acceptance(target):
     """The hook's analytic acceptance 1 - TV predicts the sampled outcomes (position 1 has no selection)."""
-    drafter = sharp(checkpoints.new_drafter(checkpoints.DRAFTER_CONFIGS["dspark"], target,
+    drafter = sharp(checkpoints.new_drafter(DRAFTER_CONFIGS["dspark"], target,
                                             torch.Generator().manual_seed(6)))
     prompts = sample_prompts(math_corpus("heldout"), 48, 16, np.random.default_rng(1))
     df = decode_and_record(target, drafter, prompts, 24, GAMMA, "math", np.random.default_rng(2),
@@ -143,7 +144,7 @@ def test_dense_recording_has_a_block_at_every_position(target, tmp_path):
     from simulator.acceptance.logs import write_log
     from simulator.acceptance.replay import LoggedAcceptance
 
-    drafter = sharp(checkpoints.new_drafter(checkpoints.DRAFTER_CONFIGS["dspark"], target,
+    drafter = sharp(checkpoints.new_drafter(DRAFTER_CONFIGS["dspark"], target,
                                             torch.Generator().manual_seed(6)))
     prompts = sample_prompts(math_corpus("heldout"), 6, 16, np.random.default_rng(1))
     lengths = np.array([5, 9, 12, 5, 7, 3])

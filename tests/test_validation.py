@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.drafters import build_drafter
-from calibration.model import Verifier
-from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
-from calibration.serving_batch import LiveBatch
-from calibration.validate import main
-from calibration.validation_setup import ValidationConfig, median_profile
+from calibration.models.drafters import build_drafter
+from calibration.models.model import Verifier
+from calibration.serving.batch import LiveBatch
+from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.validation.setup import ValidationConfig, median_profile
+from calibration.validation.validate import main
 from policies import make_policy
 from policies.base import CostCurve
 from policies.dspark import DSpark

@@ -26,12 +26,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration import checkpoints
-from calibration.corpora import domains_of, load_corpus, sample_prompts
-from calibration.drafters import Drafter
-from calibration.model import Verifier
-from calibration.specdec import SpeculativeDecoder
-from calibration.train import TrainConfig, heldout_report
+from calibration.models import checkpoints
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.serving.specdec import SpeculativeDecoder
+from calibration.training.corpora import domains_of, load_corpus, sample_prompts
+from calibration.training.train import TrainConfig, heldout_report
 from policies import make_policy
 from policies.base import CostCurve
 from simulator.acceptance.logs import AcceptanceRecorder, summary, write_log
@@ -107,6 +107,7 @@ def markdown(df: pd.DataFrame, digits: int = 3) -> str:
 
 def figure2(measured: pd.DataFrame, path: Path) -> None:
     """Conditional acceptance per position: measured (solid) and the paper's fit (dashed), one panel per domain."""
+    # Imported here, not at the top: matplotlib is slow to import and only --figure needs it.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,49 +1,25 @@
-"""The trained byte-level target and drafters: shapes, and fp16 checkpoints small enough to ship.
+"""Checkpoints of the trained byte-level target and drafters: fp16 files small enough to ship (in ``weights/``).
 
 A checkpoint is one ``torch.save`` file ``{"meta": {...}, "state": {name: fp16 tensor}}``.
 ``meta`` records what the weights are (kind, layer count, Markov rank, gamma they were
-trained for) and how they were made (steps, seed, seconds, corpora). Loading casts the
-weights back to float32. Drafter checkpoints hold only the drafter's own weights: the
-embedding and LM head are the target's.
+trained for) and how they were made (steps, seed, seconds, corpora); the architectures are
+those of :mod:`calibration.models.presets`. Loading casts the weights back to float32.
+Drafter checkpoints hold only the drafter's own weights: the embedding and LM head are
+the target's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from calibration.corpora import VOCAB_SIZE
-from calibration.drafters import Drafter, build_drafter
-from calibration.model import Verifier, build_verifier
-from calibration.shapes import ModelShape
+from calibration.models.drafters import Drafter, build_drafter
+from calibration.models.model import Verifier, build_verifier
+from calibration.models.presets import BYTE_SHAPE, DrafterConfig
 
-DEFAULT_DIR = Path(__file__).resolve().parent / "checkpoints"
-
-# A Qwen3-style byte-level target that trains in minutes on two CPU cores (~0.42 M parameters).
-BYTE_SHAPE = ModelShape("tiny-byte", hidden_size=96, num_layers=4, num_q_heads=4, num_kv_heads=2, head_dim=24,
-                        intermediate_size=256, vocab_size=VOCAB_SIZE, tied_embeddings=True, rope_theta=10_000.0,
-                        note="trained byte-level target of calibration.train")
-
-
-@dataclasses.dataclass(frozen=True)
-class DrafterConfig:
-    """Architecture of one trained drafter (paper sec. 4.1 scaled down: deep parallel, shallow autoregressive)."""
-
-    kind: str
-    num_layers: int
-    rank: int = 64  # Markov rank r (dspark)
-    gamma: int = 7  # block size trained for (mtp: number of depths)
-
-
-DRAFTER_CONFIGS: dict[str, DrafterConfig] = {
-    "dspark": DrafterConfig("dspark", num_layers=2),
-    "dflash": DrafterConfig("dflash", num_layers=2),
-    "eagle3": DrafterConfig("eagle3", num_layers=1),
-    "mtp": DrafterConfig("mtp", num_layers=7),  # one layer per depth
-}
+DEFAULT_DIR = Path(__file__).resolve().parent / "weights"  # the shipped checkpoints
 
 
 def new_target(generator: torch.Generator) -> Verifier:

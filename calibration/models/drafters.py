@@ -29,8 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from calibration.drafter_cost import DRAFT_KINDS, DrafterKind, default_drafters
-from calibration.model import Block, KVCache, RMSNorm, Verifier, VerifierOutput, attend, init_weights
+from calibration.models.model import Block, KVCache, RMSNorm, Verifier, VerifierOutput, attend, init_weights
+from calibration.models.shapes import DRAFT_KINDS, DrafterKind, default_drafters
 
 SequentialHead = Literal["markov", "rnn"]
 
@@ -235,7 +235,7 @@ def build_drafter(kind: str, target: Verifier, generator: torch.Generator, *, nu
                   std: float = 0.02) -> Drafter:
     """A drafter of ``kind`` for ``target`` with random weights from ``generator``.
 
-    Defaults: layer counts of :func:`calibration.drafter_cost.default_drafters` (5 for
+    Defaults: layer counts of :func:`calibration.models.shapes.default_drafters` (5 for
     dspark/dflash, 1 for eagle3), ``max_depth`` layers for mtp, Markov rank 256 (at most V).
     """
     if kind not in DRAFT_KINDS:

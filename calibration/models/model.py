@@ -6,7 +6,7 @@ new tokens (1 + l_r in verification, the prompt in prefill) on top of the
 ``cache_lens[r]`` tokens already in its cache slot. Attention runs per request
 over [cached keys; new keys] with a causal block mask, so requests of different
 lengths never see each other. Weights are random (timing depends on shapes only);
-nothing is ever downloaded. Shapes come from :mod:`calibration.shapes`.
+nothing is ever downloaded. Shapes come from :mod:`calibration.models.shapes`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from calibration.shapes import ModelShape, get_shape
+from calibration.models.shapes import ModelShape, get_shape
 
 
 class RMSNorm(nn.Module):
@@ -196,7 +196,7 @@ class Verifier(nn.Module):
         s = get_shape(shape) if isinstance(shape, str) else shape
         if s.is_moe:
             raise ValueError(f"model shape {s.name!r} is MoE; the torch verifier implements dense models only "
-                             f"(use calibration.roofline for MoE shapes)")
+                             f"(use the analytic roofline, calibration.profiling.roofline, for MoE shapes)")
         self.s = s
         self.feature_layers = feature_layers if feature_layers is not None else default_feature_layers(s.num_layers)
         if not all(0 <= i < s.num_layers for i in self.feature_layers):

@@ -1,6 +1,10 @@
-"""Model shapes: one frozen dataclass with named presets, shared by the roofline and the torch models.
+"""Model shapes: frozen dataclasses with named presets, shared by the roofline and the torch models.
 
-A shape fixes every dimension that decides cost (parameters, FLOPs, bytes, KV cache).
+A :class:`ModelShape` fixes every dimension of a target that decides cost (parameters,
+FLOPs, bytes, KV cache); a :class:`DrafterSpec` fixes how a drafter of each kind
+spends a step (layers, parallel or sequential, Markov head, feature inputs), with the
+paper's defaults in :func:`default_drafters`. The torch drafters take their default
+layer counts from there, and :mod:`calibration.profiling.drafter_cost` prices them.
 The dense presets copy the public Qwen3 ``config.json`` files (Hugging Face
 ``Qwen/Qwen3-4B``, ``Qwen/Qwen3-8B``, ``Qwen/Qwen3-14B``). ``v4flash-like`` is an
 approximation of a DeepSeek-V4-Flash-class MoE target; see :data:`V4FLASH_LIKE_NOTE`.
@@ -18,6 +22,7 @@ Parameter accounting (weights only, no buffers):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 V4FLASH_LIKE_NOTE = (
     "APPROXIMATION, not an official configuration. Routed/shared experts, top-k, hidden size, "
@@ -180,3 +185,41 @@ def get_shape(name: str) -> ModelShape:
     if name not in MODEL_SHAPES:
         raise ValueError(f"unknown model shape {name!r}; presets: {', '.join(MODEL_SHAPES)}")
     return MODEL_SHAPES[name]
+
+
+# ------------------------------------------------------------------- drafters
+DrafterKind = Literal["dspark", "dflash", "eagle3", "mtp"]
+DRAFT_KINDS: tuple[DrafterKind, ...] = ("dspark", "dflash", "eagle3", "mtp")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """Shape of a drafter as far as cost goes.
+
+    ``num_layers`` per forward pass; ``parallel`` = all gamma positions in one pass;
+    ``markov_head`` = DSpark's sequential stage; ``feature_layers`` = target layers whose
+    hidden states are concatenated and projected to h (for ``mtp``: 2, the previous hidden
+    state and the token embedding); ``window_tokens`` = attention window over the context
+    (None: the full context).
+    """
+
+    kind: DrafterKind
+    num_layers: int
+    parallel: bool
+    markov_head: bool
+    feature_layers: int
+    window_tokens: int | None = None
+
+
+def default_drafters(shape: ModelShape) -> dict[str, DrafterSpec]:
+    """Paper defaults: 5 layers for DSpark/DFlash and 1 for Eagle3 (sec. 4.1); for an MoE target,
+    3 backbone layers with a 128-token sliding window (the production setting, sec. 5.1)."""
+    layers, window = (3, 128) if shape.is_moe else (5, None)
+    return {
+        "dspark": DrafterSpec("dspark", layers, parallel=True, markov_head=True, feature_layers=3,
+                              window_tokens=window),
+        "dflash": DrafterSpec("dflash", layers, parallel=True, markov_head=False, feature_layers=3,
+                              window_tokens=window),
+        "eagle3": DrafterSpec("eagle3", 1, parallel=False, markov_head=False, feature_layers=3),
+        "mtp": DrafterSpec("mtp", 1, parallel=False, markov_head=False, feature_layers=2),
+    }

@@ -14,56 +14,16 @@ How each drafter spends a step (shapes follow the DSpark paper, sec. 3.1 and 4.1
 
 Drafter layers have the target's layer shape (MoE layers for an MoE target, as the
 production DSpark backbone of three MoE layers, sec. 5.1). Each pass attends over the
-context (or the drafter's window) and reads that KV cache.
+context (or the drafter's window) and reads that KV cache. The drafters' shapes (kinds,
+layer counts, the paper's defaults) are :class:`calibration.models.shapes.DrafterSpec`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
-
 import numpy as np
 
-from calibration.shapes import ModelShape
-
-if TYPE_CHECKING:
-    from calibration.roofline import Roofline
-
-DrafterKind = Literal["dspark", "dflash", "eagle3", "mtp"]
-DRAFT_KINDS: tuple[DrafterKind, ...] = ("dspark", "dflash", "eagle3", "mtp")
-
-
-@dataclass(frozen=True)
-class DrafterSpec:
-    """Shape of a drafter as far as cost goes.
-
-    ``num_layers`` per forward pass; ``parallel`` = all gamma positions in one pass;
-    ``markov_head`` = DSpark's sequential stage; ``feature_layers`` = target layers whose
-    hidden states are concatenated and projected to h (for ``mtp``: 2, the previous hidden
-    state and the token embedding); ``window_tokens`` = attention window over the context
-    (None: the full context).
-    """
-
-    kind: DrafterKind
-    num_layers: int
-    parallel: bool
-    markov_head: bool
-    feature_layers: int
-    window_tokens: int | None = None
-
-
-def default_drafters(shape: ModelShape) -> dict[str, DrafterSpec]:
-    """Paper defaults: 5 layers for DSpark/DFlash and 1 for Eagle3 (sec. 4.1); for an MoE target,
-    3 backbone layers with a 128-token sliding window (the production setting, sec. 5.1)."""
-    layers, window = (3, 128) if shape.is_moe else (5, None)
-    return {
-        "dspark": DrafterSpec("dspark", layers, parallel=True, markov_head=True, feature_layers=3,
-                              window_tokens=window),
-        "dflash": DrafterSpec("dflash", layers, parallel=True, markov_head=False, feature_layers=3,
-                              window_tokens=window),
-        "eagle3": DrafterSpec("eagle3", 1, parallel=False, markov_head=False, feature_layers=3),
-        "mtp": DrafterSpec("mtp", 1, parallel=False, markov_head=False, feature_layers=2),
-    }
+from calibration.models.shapes import DrafterSpec
+from calibration.profiling.roofline import Roofline
 
 
 def _pass_s(roof: Roofline, spec: DrafterSpec, num_requests: int, tokens: int) -> float:

@@ -1,7 +1,7 @@
 """Step costs of the real serving loop that timing its pieces in isolation misses, measured for the profile.
 
 The profiler times the verifier forward and the drafter each on its own,
-repeating one call. Inside :mod:`calibration.serving` a step also spends time
+repeating one call. Inside :mod:`calibration.serving.loop` a step also spends time
 outside them - index tensors, softmax rows to numpy, token-level rejection
 sampling in Python, policy-state and request bookkeeping, the loop between steps
 - and on a CPU the forward passes themselves run slower there: they alternate
@@ -40,14 +40,19 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from calibration.drafters import Drafter
-from calibration.model import Verifier
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.timing import run_times_s
+from calibration.serving.batch import LiveBatch
+from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
@@ -119,8 +124,6 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
                        isolated: HardwareProfile, lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0,
                        duration_s: float = 0.8, warmup_s: float = 0.2) -> LoopCosts:
     """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``."""
-    from calibration.serving import ServingModels, ServingSpec, random_prompts, serve
-
     # Static policies never read the cost curve; a flat one keeps the probe independent of the profile.
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), FLAT_COST, "loop-cost probe")
     max_prompt = int(np.ceil(4 * lengths.prompt_median_tokens))
@@ -181,8 +184,6 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     cost between a drafter pass and the verifier forward (:func:`measure_scheduler` with ``between`` and
     ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0).
     """
-    from calibration.profile_gpu import draft_call, verify_call
-
     gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
     reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
     context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
@@ -288,20 +289,11 @@ def _no_grad(run: Callable[[], object]) -> object:
 def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, int],
                     rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> tuple[float, float]:
     """(fixed_s, tokens_per_s) of :meth:`LiveBatch.prefill` from the medians at two prompt lengths n1 < n2."""
-    from calibration.serving_batch import LiveBatch
-
     n1, n2 = prompt_tokens
     batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, n2 + 1)
-    medians = []
-    for n in (n1, n2):
-        times = []
-        for i in range(warmup + repeats):
-            prompt = rng.integers(0, verifier.s.vocab_size, size=n).tolist()
-            start = time.perf_counter()
-            batch.prefill(prompt, rng)
-            if i >= warmup:
-                times.append(time.perf_counter() - start)
-        medians.append(statistics.median(times))
-    t1, t2 = medians
+
+    def prefill_of(n: int) -> Callable[[], object]:  # a new prompt each run, drawn outside the timed call
+        return partial(batch.prefill, rng.integers(0, verifier.s.vocab_size, size=n).tolist(), rng)
+    t1, t2 = (statistics.median(run_times_s(partial(prefill_of, n), warmup, repeats)) for n in (n1, n2))
     tokens_per_s = (n2 - n1) / (t2 - t1) if t2 > t1 else n2 / t2  # noise guard: the mean rate
     return max(0.0, t1 - n1 / tokens_per_s), tokens_per_s

@@ -1,7 +1,8 @@
-"""Analytic roofline profiles: step-cost tables from a model shape and a GPU spec, with no GPU at hand.
+"""The analytic roofline: step costs from a model shape and a GPU spec, with no GPU at hand.
 
-Every number this module writes is *analytic* (``metadata.source = "analytic"``):
-a roofline estimate, never a measurement. One forward over ``n`` tokens costs::
+Every number this module gives is *analytic* (profiles built from it say
+``metadata.source = "analytic"``): a roofline estimate, never a measurement. One
+forward over ``n`` tokens costs::
 
     t(n) = max(FLOPs / (G * peak * eff_compute), bytes / (G * bandwidth * eff_memory))
            + step overhead [+ eager overhead above the largest CUDA graph] [+ collectives when G > 1]
@@ -10,30 +11,19 @@ with FLOPs from the padded token count (CUDA-graph bucket, then GEMM tile) and
 bytes from the weights read once per forward (for MoE: the dense part plus the
 expected number of distinct experts the tokens touch). Per-request KV-cache
 reads at a reference context length go into the profile's ``per_request``
-table, which the simulator adds to ``1 / SPS(B)``.
-
-CLI::
-
-    python -m calibration.roofline --model qwen3-8b --gpu h200 --out simulator/profiles/h200_qwen3-8b_analytic.json
+table, which the simulator adds to ``1 / SPS(B)``. Drafter passes are priced by
+:mod:`calibration.profiling.drafter_cost`; :mod:`calibration.profiling.analytic` turns
+both into a profile (``python -m calibration.roofline``).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import datetime
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from calibration.drafter_cost import DRAFT_KINDS, DrafterSpec, default_drafters, draft_latency_s
-from calibration.shapes import MODEL_SHAPES, ModelShape, get_shape
-
-TOOL = "specsched 0.1.0 calibration.roofline"
+from calibration.models.shapes import ModelShape
 
 
 @dataclass(frozen=True)
@@ -242,97 +232,3 @@ def requests_grid(max_requests: int, num_points: int = 24) -> np.ndarray:
     """Log-spaced request counts 1..max_requests (integers, always including both ends)."""
     points = np.unique(np.round(np.geomspace(1, max_requests, num_points)).astype(np.int64))
     return np.union1d(points, [1, max_requests])
-
-
-def build_profile(model: str, gpu: str, assume: Assumptions | None = None,
-                  drafters: dict[str, DrafterSpec] | None = None, today: datetime.date | None = None) -> dict[str, Any]:
-    """The profile dictionary (simulator format, ``source: analytic``) for a preset model on a preset GPU."""
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU {gpu!r}; presets: {', '.join(GPUS)}")
-    assume = assume or Assumptions()
-    shape, spec = get_shape(model), GPUS[gpu]
-    drafters = drafters if drafters is not None else default_drafters(shape)
-    num_gpus = gpus_per_replica(shape, spec, assume)
-    roof = Roofline(shape, spec, assume, num_gpus)
-
-    batch = verify_grid(assume)
-    reqs = requests_grid(assume.max_requests)
-    gammas = np.arange(1, assume.max_draft_tokens + 1)
-    fixed_s, tokens_per_s = roof.prefill()
-    return {
-        "format": "specsched-hardware-profile",
-        "version": 1,
-        "metadata": {
-            "source": "analytic",
-            "device": f"{spec.name} x{num_gpus}" if num_gpus > 1 else spec.name,
-            "model": model,
-            "created": (today or datetime.date.today()).isoformat(),
-            "tool": TOOL,
-            "note": ("Analytic roofline estimate, not a measurement: max(compute, memory) + overheads, "
-                     "CUDA-graph and GEMM-tile padding. Every constant is listed below."),
-            "gpu": dataclasses.asdict(spec),
-            "assumptions": dataclasses.asdict(assume),
-            "model_shape": dataclasses.asdict(shape),
-            "total_params": shape.total_params,
-            "active_params": shape.active_params,
-            "drafters": {k: dataclasses.asdict(d) for k, d in drafters.items()},
-            "cuda_graph_sizes": cuda_graph_sizes(assume.max_graph_tokens).tolist(),
-        },
-        "gpus_per_replica": num_gpus,
-        "verify": {"batch_tokens": batch.tolist(), "steps_per_s": (1.0 / roof.verify_step_s(batch)).tolist()},
-        "per_request": {"num_requests": reqs.tolist(), "step_s": roof.per_request_s(reqs).tolist()},
-        "draft": {
-            kind: {"num_requests": reqs.tolist(), "draft_tokens": gammas.tolist(),
-                   "latency_s": [[draft_latency_s(roof, spec_d, int(r), int(g)) for g in gammas] for r in reqs]}
-            for kind, spec_d in drafters.items()
-        },
-        "prefill": {"fixed_s": fixed_s, "tokens_per_s": tokens_per_s},
-        "scheduler": {"fixed_s": assume.scheduler_fixed_s, "per_candidate_s": assume.scheduler_per_candidate_s},
-    }
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m calibration.roofline",
-        description="Write an analytic roofline hardware profile (source: analytic) in the simulator's format.")
-    parser.add_argument("--model", required=True, choices=[m for m in MODEL_SHAPES if m != "tiny"],
-                        help="model shape preset")
-    parser.add_argument("--gpu", required=True, choices=list(GPUS), help="GPU preset (datasheet peaks)")
-    parser.add_argument("--out", required=True, type=Path, help="output JSON path")
-    parser.add_argument("--drafters", default=",".join(DRAFT_KINDS),
-                        help=f"comma-separated drafter kinds to tabulate (default: {','.join(DRAFT_KINDS)})")
-    defaults = Assumptions()
-    parser.add_argument("--context-tokens", type=int, default=defaults.context_tokens,
-                        help="reference context length for attention FLOPs and KV reads (default: %(default)s)")
-    parser.add_argument("--compute-efficiency", type=float, default=defaults.compute_efficiency,
-                        help="fraction of peak FLOP/s reached (default: %(default)s)")
-    parser.add_argument("--memory-efficiency", type=float, default=defaults.memory_efficiency,
-                        help="fraction of HBM bandwidth reached (default: %(default)s)")
-    parser.add_argument("--step-overhead-ms", type=float, default=defaults.step_overhead_s * 1e3,
-                        help="per-step launch/framework overhead in ms (default: %(default)s)")
-    parser.add_argument("--max-batch-tokens", type=int, default=defaults.max_batch_tokens,
-                        help="largest batch in the verify table (default: %(default)s)")
-    parser.add_argument("--max-requests", type=int, default=defaults.max_requests,
-                        help="largest request count in the per-request and draft tables; must cover the "
-                             "simulated max concurrency (default: %(default)s)")
-    args = parser.parse_args(argv)
-
-    kinds = [k.strip() for k in args.drafters.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(DRAFT_KINDS))
-    if unknown:
-        parser.error(f"unknown drafter kind(s) {', '.join(unknown)}; choose from {', '.join(DRAFT_KINDS)}")
-    assume = dataclasses.replace(
-        defaults, context_tokens=args.context_tokens, compute_efficiency=args.compute_efficiency,
-        memory_efficiency=args.memory_efficiency, step_overhead_s=args.step_overhead_ms / 1e3,
-        max_batch_tokens=args.max_batch_tokens, max_requests=args.max_requests)
-    all_drafters = default_drafters(get_shape(args.model))
-    data = build_profile(args.model, args.gpu, assume, {k: all_drafters[k] for k in kinds})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(data, indent=1) + "\n")
-    sps = data["verify"]["steps_per_s"]
-    print(f"wrote {args.out}: {data['metadata']['device']}, {args.model}, SPS {sps[0]:.1f} at B=1 .. "
-          f"{sps[-1]:.2f} at B={data['verify']['batch_tokens'][-1]} (analytic)")
-
-
-if __name__ == "__main__":
-    main()

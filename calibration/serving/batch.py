@@ -1,6 +1,6 @@
-"""A live batch for continuous batching: requests join and leave :class:`calibration.specdec.SpeculativeDecoder`.
+"""A live batch for continuous batching: requests join and leave the speculative decoder.
 
-:class:`~calibration.specdec.SpeculativeDecoder` runs one real speculative step
+:class:`~calibration.serving.specdec.SpeculativeDecoder` runs one real speculative step
 (draft -> policy -> verify -> rejection sampling -> bonus) over the requests in
 cache slots ``0..R-1``. :class:`LiveBatch` keeps that invariant while requests
 come and go, so every step is the decoder's own ``step``:
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from calibration.drafters import Drafter, softmax_t
-from calibration.model import KVCache, Verifier
-from calibration.specdec import SpeculativeDecoder, StepRecord
+from calibration.models.drafters import Drafter, softmax_t
+from calibration.models.model import KVCache, Verifier
+from calibration.serving.specdec import SpeculativeDecoder, StepRecord
 from policies.base import Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.lossless.sampler import sample_token

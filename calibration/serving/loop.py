@@ -1,5 +1,9 @@
 """A real serving loop: continuous batching of real speculative decoding on the torch models, on a wall clock.
 
+This loop is the ground truth the simulator is validated against, so it implements
+admission, finishing and the length histograms itself (the rules below are the
+simulator's, the code is not): see :mod:`calibration.serving` for what it shares.
+
 ``serve(spec, models)`` feeds the verifier and drafter of ``models`` with the
 simulator's traffic (closed loop: ``num_users`` users; open loop: a workload's
 arrival times; trace replay: a :class:`traces.workload.Workload`) and decodes
@@ -8,8 +12,8 @@ with one engine, the simulator's engine model made real:
 * **Admission** as :class:`simulator.engine.DecodeEngine`: first come, first
   served, while ``max_concurrency`` and ``kv_capacity_tokens`` (prompt + full
   output reserved at admission) allow. Requests join between steps.
-* **Steps**: :meth:`calibration.serving_batch.LiveBatch.step`, i.e.
-  :meth:`calibration.specdec.SpeculativeDecoder.step` (draft -> policy from
+* **Steps**: :meth:`calibration.serving.batch.LiveBatch.step`, i.e.
+  :meth:`calibration.serving.specdec.SpeculativeDecoder.step` (draft -> policy from
   ``policies/`` -> one flattened verifier forward -> rejection sampling -> bonus).
   A request keeps min(accepted + 1, tokens it still needs) tokens.
 * **Prefill** runs on the same device between steps (one verifier forward over
@@ -43,9 +47,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration.drafters import Drafter
-from calibration.model import Verifier
-from calibration.serving_batch import LiveBatch, Prefilled
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.serving.batch import LiveBatch, Prefilled
 from policies.base import Policy
 from policies.driver import CostSource
 from simulator.engine import StepLog
@@ -115,21 +119,6 @@ def random_prompts(vocab_size: int) -> PromptSource:
     """Prompts of uniformly random token ids (for models with random weights)."""
     def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
         return rng.integers(0, vocab_size, size=num_tokens).tolist()
-    return draw
-
-
-def corpus_prompts() -> PromptSource:
-    """Held-out text of the request's domain (:mod:`calibration.corpora`), from a random offset."""
-    from calibration.corpora import load_corpus
-
-    corpora: dict[str, np.ndarray] = {}
-
-    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
-        if domain not in corpora:
-            corpora[domain] = load_corpus(domain, "heldout").tokens
-        tokens = corpora[domain]
-        start = int(rng.integers(0, tokens.size - num_tokens))
-        return tokens[start:start + num_tokens].astype(np.int64).tolist()
     return draw
 
 

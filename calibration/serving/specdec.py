@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibration.drafters import Drafter, softmax_t
-from calibration.model import Verifier
+from calibration.models.drafters import Drafter, softmax_t
+from calibration.models.model import Verifier
 from policies.base import Decision, Policy
 from policies.driver import CostSource, PolicyMemory, check_decision, cost_for
 from policies.lossless.sampler import verify_block

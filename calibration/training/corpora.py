@@ -28,10 +28,10 @@ from typing import Literal
 
 import numpy as np
 
+from calibration.models.presets import VOCAB_SIZE
 from traces.workload import DOMAINS
 
 Split = Literal["train", "heldout"]
-VOCAB_SIZE = 128  # 7-bit ASCII
 HELDOUT_EVERY = 10  # one document in ten (by CRC-32 of its name) is held out
 _SKIPPED_DIRS = frozenset({"site-packages", "test", "tests", "idlelib", "__pycache__", "pydoc_data", "lib2to3",
                            "turtledemo", "ensurepip"})
@@ -82,7 +82,9 @@ def code_corpus(split: Split) -> Corpus:
 
 
 def chat_corpus(split: Split) -> Corpus:
-    from pydoc_data.topics import topics  # PSF-licensed documentation text shipped with CPython
+    # PSF-licensed documentation text shipped with CPython; imported here, not at the top: a large module that
+    # only the chat corpus needs.
+    from pydoc_data.topics import topics
 
     documents = [(name, text.encode("utf-8")) for name, text in topics.items()]
     return Corpus("chat", split, _join(documents, split), f"Python {sysconfig.get_python_version()} "
@@ -188,3 +190,17 @@ def sample_prompts(corpus: Corpus, num_prompts: int, prompt_tokens: int, rng: np
                          f"{num_prompts} prompts requested")
     starts = rng.choice(line_starts, size=num_prompts, replace=False)
     return [tokens[s:s + prompt_tokens].astype(np.int64).tolist() for s in starts]
+
+
+def corpus_prompts() -> Callable[[str, int, np.random.Generator], list[int]]:
+    """A prompt source for the serving loop (``calibration.serving.loop.PromptSource``): held-out text of the
+    request's domain, from a random offset."""
+    corpora: dict[str, np.ndarray] = {}
+
+    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
+        if domain not in corpora:
+            corpora[domain] = load_corpus(domain, "heldout").tokens
+        tokens = corpora[domain]
+        start = int(rng.integers(0, tokens.size - num_tokens))
+        return tokens[start:start + num_tokens].astype(np.int64).tolist()
+    return draw

@@ -1,6 +1,6 @@
 """Batched training forwards: the same computations as inference, over whole sequences with many anchors.
 
-Inference (``calibration.model`` / ``calibration.drafters``) runs one engine step at a
+Inference (``calibration.models.model`` / ``calibration.models.drafters``) runs one engine step at a
 time through KV caches. Training needs the identical function of the weights over a
 batch of sequences ``tokens [B, L]``:
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from calibration.drafters import AutoregressiveDrafter, Drafter, ParallelDrafter
-from calibration.model import Block, Verifier, VerifierOutput, attend
+from calibration.models.drafters import AutoregressiveDrafter, Drafter, ParallelDrafter
+from calibration.models.model import Block, Verifier, VerifierOutput, attend
 
 
 def target_forward(target: Verifier, tokens: Tensor) -> VerifierOutput:

@@ -32,12 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from calibration import checkpoints
-from calibration.corpora import Corpus, domains_of, load_corpus, sample_windows
-from calibration.drafters import Drafter
-from calibration.model import Verifier
-from calibration.teacher_forcing import BlockPrediction, drafter_forward, target_forward
+from calibration.models import checkpoints
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.models.presets import BYTE_SHAPE, DRAFTER_CONFIGS
+from calibration.training.corpora import Corpus, domains_of, load_corpus, sample_windows
+from calibration.training.teacher_forcing import BlockPrediction, drafter_forward, target_forward
 
 StepCallback = Callable[[int, float], None]  # (step, loss)
 LOSS_WEIGHTS = {"ce": 0.1, "tv": 0.9, "conf": 1.0}  # eq. 12 defaults
@@ -153,14 +155,14 @@ def drafter_batch(drafter: Drafter, target: Verifier, tokens: torch.Tensor, anch
 
 def train_drafter(kind: str, target: Verifier, corpora: list[Corpus], config: TrainConfig,
                   on_step: StepCallback | None = None) -> Drafter:
-    spec = checkpoints.DRAFTER_CONFIGS[kind]
+    spec = DRAFTER_CONFIGS[kind]
     if spec.gamma != config.gamma:
         raise ValueError(f"{kind}: drafter config is for gamma={spec.gamma}, training config has {config.gamma}")
-    generator = torch.Generator().manual_seed(config.seed + 1 + list(checkpoints.DRAFTER_CONFIGS).index(kind))
+    generator = torch.Generator().manual_seed(config.seed + 1 + list(DRAFTER_CONFIGS).index(kind))
     drafter = checkpoints.new_drafter(spec, target, generator).train()
     params = _trainable(drafter)
     opt, schedule = _optimizer(params, config)
-    rng = np.random.default_rng([config.seed, 2, list(checkpoints.DRAFTER_CONFIGS).index(kind)])
+    rng = np.random.default_rng([config.seed, 2, list(DRAFTER_CONFIGS).index(kind)])
     for step in range(config.steps):
         tokens = torch.from_numpy(sample_windows(corpora, config.batch_sequences, config.window_tokens, rng))
         losses = drafter_batch(drafter, target, tokens, _anchors(rng, config), config.gamma)
@@ -209,21 +211,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drafter-steps", type=int, default=None, help="steps per drafter (default: --steps)")
     parser.add_argument("--models", default="target,dspark,dflash,eagle3,mtp",
                         help="comma list; drafters without 'target' load the target from --out")
-    parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default calibration/checkpoints, "
-                        "or calibration/checkpoints/<domain> for one domain)")
+    parser.add_argument("--out", type=Path, default=None, help="checkpoint folder (default calibration/models/weights, "
+                        "or calibration/models/weights/<domain> for one domain)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-sequences", type=int, default=None, help="windows per batch (default 16)")
     args = parser.parse_args(argv)
-    from tqdm import tqdm
-
     torch.set_num_threads(args.threads)
     domains = domains_of(args.domain)
     out = args.out or (checkpoints.DEFAULT_DIR if args.domain == "all" else checkpoints.DEFAULT_DIR / args.domain)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = sorted(set(models) - {"target", *checkpoints.DRAFTER_CONFIGS})
+    unknown = sorted(set(models) - {"target", *DRAFTER_CONFIGS})
     if unknown:
-        parser.error(f"unknown model(s) {unknown}; choose from target, {', '.join(checkpoints.DRAFTER_CONFIGS)}")
+        parser.error(f"unknown model(s) {unknown}; choose from target, {', '.join(DRAFTER_CONFIGS)}")
     base = TrainConfig(seed=args.seed, **({"batch_sequences": args.batch_sequences} if args.batch_sequences else {}))
     train = [load_corpus(d, "train") for d in domains]
     manifest: dict = {"domain": args.domain, "models": {}}
@@ -240,9 +240,9 @@ def main(argv: list[str] | None = None) -> None:
         model = fit(config, tick)
         seconds = time.perf_counter() - start
         bar.close()
-        extra = {"shape": checkpoints.BYTE_SHAPE.name}
+        extra = {"shape": BYTE_SHAPE.name}
         if name != "target":
-            extra["config"] = asdict(checkpoints.DRAFTER_CONFIGS[name])
+            extra["config"] = asdict(DRAFTER_CONFIGS[name])
         size = checkpoints.save(model, out / f"{name}.pt", _meta(name, config, seconds, train, **extra))
         manifest["models"][name] = {"train_seconds": round(seconds, 1), "steps": steps, "bytes": size,
                                     "parameters": sum(p.numel() for p in model.parameters())}

@@ -3,7 +3,7 @@
 :class:`ValidationConfig` holds every option of ``python -m calibration.validate``;
 :func:`build_models` loads the trained checkpoints or builds random tiny models;
 :func:`measure_profile` profiles them on this machine with the serving loop's own
-costs (:mod:`calibration.loop_costs`); :func:`record_log` writes an acceptance log
+costs (:mod:`calibration.profiling.loop_costs`); :func:`record_log` writes an acceptance log
 on the traffic's lengths; :func:`simulator_setup` points the simulator at that log
 (replayed or fitted); :func:`speed_reference` is a fixed probe of the machine's
 current speed, for the drift column.
@@ -12,8 +12,6 @@ current speed, for the drift column.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,15 +21,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration import checkpoints
-from calibration.drafters import Drafter, build_drafter
-from calibration.loop_costs import with_loop_costs
-from calibration.model import Verifier, build_verifier
-from calibration.profile_gpu import ProfileConfig, batch_grid, measure
-from calibration.serving import PrefillMode, PromptSource, corpus_prompts, random_prompts
+from calibration.acceptance.evaluate import decode_and_record
+from calibration.acceptance.fit_preset import fit_preset
+from calibration.models import checkpoints
+from calibration.models.drafters import Drafter, build_drafter
+from calibration.models.model import Verifier, build_verifier
+from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.loop_costs import with_loop_costs
+from calibration.profiling.measure import ProfileConfig, batch_grid, measure
+from calibration.profiling.timing import median_s
+from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
+from calibration.training.corpora import corpus_prompts
 from policies import make_policy
 from simulator import DrafterSpec, EngineLimits
-from simulator.profile import HardwareProfile, profile_from_dict
+from simulator.acceptance.presets import PRESETS
+from simulator.profile import HardwareProfile, load_profile, profile_from_dict
 from traces.synthetic import LengthSpec, RequestSampler, TrafficSpec
 from traces.workload import DOMAINS
 
@@ -158,8 +162,6 @@ def profile_config(cfg: ValidationConfig) -> ProfileConfig:
 def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     """Profile the served models on this machine (or load ``cfg.profile``)."""
     if cfg.profile is not None:
-        from simulator.profile import load_profile
-
         return load_profile(cfg.profile)
     profile_cfg = profile_config(cfg)
     data = measure(profile_cfg, models=(models.verifier, lambda kind: models.drafter))
@@ -200,8 +202,6 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
     forward (R = 1, gamma draft tokens), 15 times. Other jobs on a shared machine slow it down, through the
     scheduler and through shared cores and caches, so its ratio between two moments tells how much the
     machine's speed drifted between them."""
-    from calibration.profile_gpu import draft_call, verify_call
-
     device, gen = torch.device("cpu"), torch.Generator().manual_seed(cfg.seed)
     context = cfg.prompt_tokens + cfg.output_tokens // 2
     draft = draft_call(models.drafter, context, device, gen, 1, cfg.gamma)()
@@ -209,14 +209,7 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
 
     @torch.inference_mode()
     def measure_s() -> float:
-        times = []
-        for i in range(17):
-            start = time.perf_counter()
-            draft()
-            verify()
-            if i >= 2:
-                times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return median_s(lambda: (draft(), verify()), device, warmup=2, repeats=15)
     return measure_s
 
 
@@ -226,13 +219,11 @@ def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.Data
     (:class:`simulator.acceptance.replay.LoggedAcceptance`).
 
     Per domain, ``log_requests`` requests with prompt lengths drawn from the traffic's
-    distribution are decoded together by :class:`calibration.specdec.SpeculativeDecoder`
+    distribution are decoded together by :class:`calibration.serving.specdec.SpeculativeDecoder`
     under ``mtp<num_draft>`` (every draft token verified), keeping one token per step, up
     to the traffic's longest output: any simulated request finds a logged block at every
     position it reaches, with the context length it has there.
     """
-    from calibration.evaluate import decode_and_record
-
     frames = []
     for d_idx, domain in enumerate(DOMAINS):
         seeds = np.random.SeedSequence([cfg.seed, 7, d_idx])
@@ -254,16 +245,14 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: P
     ``pricing`` (default ``profile``) is what the policy prices with (``SimulationSpec.policy_profile``).
 
     ``replay``: :class:`simulator.acceptance.replay.LoggedAcceptance` through ``DrafterSpec.log``.
-    ``fitted``: a preset fitted to the log (:func:`calibration.acceptance.fit_preset.fit_preset`), installed under a new
-    name; both profiles' draft tables of the drafter are copied under that name (same measured latencies).
+    ``fitted``: a preset fitted to the log (:func:`calibration.acceptance.fit_preset.fit_preset`), installed
+    under a new name; both profiles' draft tables of the drafter are copied under that name (same measured
+    latencies).
     """
     gamma = cfg.gamma if num_draft is None else num_draft
     pricing = profile if pricing is None else pricing
     if cfg.acceptance == "replay":
         return profile, DrafterSpec(cfg.drafter, gamma, log=str(log_path)), pricing
-    from calibration.acceptance.fit_preset import fit_preset
-    from simulator.acceptance.presets import PRESETS
-
     fitted = fit_preset(log_path, drafter=cfg.drafter)
     name = f"validation-{cfg.drafter}-{abs(hash(tuple(sorted(fitted.tau.items())))) % 10**8}"
     if name not in PRESETS:

@@ -5,12 +5,12 @@
 
 For one model, drafter, traffic and seed, and every (policy, concurrency) point:
 
-1. **profile** the machine with :func:`calibration.profile_gpu.measure` on the very
+1. **profile** the machine with :func:`calibration.profiling.measure.measure` on the very
    models that are served (random weights of the ``tiny`` preset, or the trained
    checkpoints), then the serving loop's own costs (host time per step, in-loop
    cost of the forward passes per concurrency, probed on the workload's lengths),
    the scheduler and the prefill are measured and put into the profile
-   (:func:`calibration.loop_costs.with_loop_costs`);
+   (:func:`calibration.profiling.loop_costs.with_loop_costs`);
 2. **acceptance** from a log: ``--log`` (e.g. ``calibration.evaluate``'s log of the
    trained models), or one recorded here with
    :class:`simulator.acceptance.logs.AcceptanceRecorder` (every draft token
@@ -19,13 +19,13 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    (:class:`simulator.acceptance.replay.LoggedAcceptance`, default) or uses a preset
    fitted to it (:func:`calibration.acceptance.fit_preset.fit_preset`, ``--acceptance fitted``);
 3. **simulate** with that profile and acceptance, and **serve** for real with
-   :func:`calibration.serving.serve` (same traffic generator, limits, duration and seed);
+   :func:`calibration.serving.loop.serve` (same traffic generator, limits, duration and seed);
 4. **report** throughput, mean/p50/p90 tok/s/user, TTFT, tau and the verification
    budget side by side with the relative error ``(sim - real) / real``, and draw
    both frontiers (throughput against mean tok/s/user over the concurrency sweep).
 
-The pieces are built in :mod:`calibration.validation_setup`; the tables and the
-figure come from :mod:`calibration.validation_report`.
+The pieces are built in :mod:`calibration.validation.setup`; the tables and the
+figure come from :mod:`calibration.validation.report`.
 
 Closed-loop traffic (``--users`` users, no think time) with short lognormal
 lengths. Torch runs on ``--threads`` CPU threads (1 by default: stable timings on
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -49,10 +50,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration.profile_gpu import device_name
-from calibration.serving import ServingModels, ServingSpec, serve
-from calibration.validation_report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
-from calibration.validation_setup import (
+from calibration.profiling.measure import device_name
+from calibration.serving.loop import ServingModels, ServingSpec, serve
+from calibration.validation.report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
+from calibration.validation.setup import (
     Models,
     ValidationConfig,
     build_models,
@@ -94,8 +95,6 @@ def _priority(nice: int | None, progress: Callable[[str], None]) -> Iterator[Non
     if nice is None:
         yield
         return
-    import os
-
     group = Path("/proc/self/autogroup")
     before_thread = os.getpriority(os.PRIO_PROCESS, 0)
     before_group = group.read_text().split("nice")[-1].strip() if group.exists() else None

@@ -1,0 +1,6 @@
+"""The acceptance-log command, ``python -m calibration.evaluate`` (code: :mod:`calibration.acceptance.evaluate`)."""
+
+from calibration.acceptance.evaluate import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The calls a profile times: one verifier forward and one drafter step, each set up with its own cache.
+
+Each function returns a :data:`~calibration.profiling.timing.Prepare`: calling it
+builds the point's buffers (caches, index tensors, random inputs from ``gen``) outside
+the timed region and returns the call to time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.profiling.timing import Prepare
+
+
+def verify_call(model: Verifier, forward: Callable, device: torch.device, gen: torch.Generator, tokens: int,
+                query_lens: list[int], context: int) -> Prepare:
+    """Sets up one verifier forward of ``query_lens`` tokens per request over ``context`` cached tokens."""
+    def prepare() -> Callable[[], object]:
+        cache = model.new_cache(len(query_lens), context + max(query_lens))
+        cache.lengths[:] = context  # values of the cached keys do not matter for timing
+        batch = cache.batch(list(range(len(query_lens))), query_lens)
+        ids = torch.randint(0, model.s.vocab_size, (tokens,), generator=gen, device=device)
+        return lambda: forward(ids, batch, cache)
+    return prepare
+
+
+def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.Generator,
+               num_requests: int, gamma: int) -> Prepare:
+    """Sets up one drafter step (one committed token, then ``propose``) of R requests over ``context`` tokens with
+    its own cache."""
+    def prepare() -> Callable[[], object]:
+        drafter.new_cache(num_requests, context + 1)
+        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
+        assert cache is not None
+        cache.lengths[:] = context - 1 if context > 0 else 0
+        slots = torch.arange(num_requests)
+        features = torch.randn(num_requests, drafter.fc.in_features, generator=gen,
+                               device=device).to(drafter.fc.weight)
+        anchor = torch.randint(0, drafter.s.vocab_size, (num_requests,), generator=gen, device=device)
+        start = cache.lengths.clone()
+
+        def one_step() -> None:
+            drafter.cache, drafter.last_feature = cache, last_feature
+            cache.lengths.copy_(start)
+            drafter.extend_context(slots, features, [1] * num_requests)
+            drafter.propose(anchor, slots, gamma, gen)
+        return one_step
+    return prepare

@@ -1,0 +1,334 @@
+"""Measure a hardware profile with the included torch models (``source: measured``).
+
+The command is :mod:`calibration.profiling.profile_gpu` (``python calibration/profile_gpu.py``);
+:func:`measure` does the work and returns the profile dictionary.
+
+What is timed (median of ``--repeats`` runs after ``--warmup`` runs, the device
+synchronised around each run; building index tensors on the host is excluded):
+
+* verify: one verifier forward over B batch tokens, laid out as ceil(B / q) requests
+  of q = ``--query-tokens`` tokens (the last one shorter), every request holding C
+  context tokens, for each C in ``--context-tokens``. The profile's ``verify`` table
+  is the curve at the smallest C (the token cost); every curve is kept in
+  ``metadata.verify_curves``.
+* per request: R requests of one token at the largest C minus the same at the
+  smallest C (clipped at 0): the context (KV-read) cost the simulator adds per request.
+* draft: ``propose`` of each drafter over (R, gamma), context C_max, after appending
+  one committed token per request to the drafter's context.
+* prefill: one request of n1 and of n2 tokens; tokens_per_s = (n2 - n1) / (t2 - t1).
+
+Scheduler costs are host-side policy time: by default the profile carries the
+roofline's documented assumptions for them, flagged in metadata. With
+``--host-overhead`` (for the real serving loop, :mod:`calibration.serving`) they are
+measured (``policies.Greedy.decide`` over (R, gamma)), and so are the loop's own
+costs - host time per step and the in-loop slowdown of the forward passes - which
+:mod:`calibration.profiling.loop_costs` folds into the draft, verify and per-request tables
+(the isolated tables stay in ``metadata.forward_only``), and the loop's prefill.
+Weights are random (latency depends on shapes only), or those of the trained
+checkpoints with ``--checkpoints DIR`` (their shapes: the models the loop serves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from calibration.models import checkpoints
+from calibration.models.drafters import Drafter, build_drafter
+from calibration.models.model import Verifier, build_verifier
+from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.loop_costs import with_loop_costs
+from calibration.profiling.profile_file import (
+    DraftTable,
+    PerRequestTable,
+    PrefillCost,
+    ProfileDocument,
+    ProfileMetadata,
+    SchedulerCost,
+    VerifyTable,
+)
+from calibration.profiling.roofline import Assumptions, cuda_graph_sizes
+from calibration.profiling.timing import Prepare, median_s, time_points
+
+TOOL = "specsched 0.1.0 calibration.profile_gpu"  # the command's name (python -m calibration.profile_gpu)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """One profiling run: the models, the grids of every table and the timing protocol (the CLI's options)."""
+
+    preset: str
+    drafters: tuple[str, ...]
+    device: str
+    dtype: str
+    batch_tokens: tuple[int, ...]
+    num_requests: tuple[int, ...]
+    draft_tokens: tuple[int, ...]
+    context_tokens: tuple[int, ...]
+    query_tokens: int
+    prefill_tokens: tuple[int, int]
+    warmup: int
+    repeats: int
+    seed: int
+    compile: bool
+    kv_budget_bytes: float | None = None  # None: 60% of free memory on CUDA, unlimited on CPU
+    host_overhead: bool = False  # measure the serving loop's host time and the scheduler (see module docstring)
+    interleave: bool = False  # time the grid in round-robin passes (see timing.time_points)
+    checkpoints: str | None = None  # time the trained models of this directory instead of the preset
+
+
+def batch_grid(max_batch_tokens: int, grid: str) -> list[int]:
+    """quick: a dozen points; default: 1..64 and every CUDA-graph size (and size + 1); full: every integer."""
+    if grid == "quick":
+        points = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    elif grid == "full":
+        points = list(range(1, max_batch_tokens + 1))
+    else:
+        sizes = cuda_graph_sizes(max(max_batch_tokens, 1)).tolist()
+        points = [*range(1, 65), *sizes, *(s + 1 for s in sizes if s >= 64)]
+    return sorted({p for p in points if p <= max_batch_tokens} | {max_batch_tokens})
+
+
+def kv_slots_that_fit(cfg: ProfileConfig, model: Verifier, device: torch.device, context: int) -> int | None:
+    """How many requests' KV caches at ``context`` fit the budget (None: no budget, e.g. on CPU)."""
+    budget = cfg.kv_budget_bytes
+    if budget is None and device.type == "cuda":
+        budget = 0.6 * torch.cuda.mem_get_info(device)[0]
+    if budget is None:
+        return None
+    tokens = context + max(cfg.query_tokens, max(cfg.draft_tokens)) + 1
+    return int(budget // (tokens * model.s.kv_bytes_per_token / 2 * model.embed.weight.element_size()))
+
+
+def _fit_requests(cfg: ProfileConfig, max_slots: int | None) -> tuple[ProfileConfig, int | None]:
+    """Drop request counts whose KV cache at the largest context exceeds the memory budget."""
+    if max_slots is None or cfg.num_requests[-1] <= max_slots:
+        return cfg, None
+    fits = tuple(r for r in cfg.num_requests if r <= max_slots)
+    if not fits:
+        raise SystemExit(f"not even one request's KV cache at context {max(cfg.context_tokens)} fits the memory "
+                         f"budget; lower --context-tokens or raise --kv-budget-gb")
+    return dataclasses.replace(cfg, num_requests=fits), cfg.num_requests[-1]
+
+
+def split_tokens(tokens: int, per_request: int) -> list[int]:
+    """B tokens as ceil(B / q) requests of q tokens, the last one holding the remainder."""
+    full, rest = divmod(tokens, per_request)
+    return [per_request] * full + ([rest] if rest else [])
+
+
+def count_points(cfg: ProfileConfig) -> int:
+    return (len(cfg.batch_tokens) * len(cfg.context_tokens) + 2 * len(cfg.num_requests)
+            + 2 * len(padded_requests(cfg)) + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
+            + 2 + 3 * cfg.host_overhead)
+
+
+def padded_requests(cfg: ProfileConfig) -> list[int]:
+    """The R of the padding probe: every profiled R >= 2 (one request cannot be padded)."""
+    return [r for r in cfg.num_requests if r >= 2] if cfg.query_tokens > 1 else []
+
+
+def padding_cost(query_tokens: int, short_s: dict[int, float], probes: dict[int, tuple[float, float]]) -> float:
+    """Seconds per padded query slot from the padding probe (see ``padded_slot_definition``); 0 without one.
+
+    ``short_s[R]``: R requests of 1 token; ``probes[R]``: (one request of ``query_tokens`` + R-1 of 1, R requests
+    of ``query_tokens``) seconds. A variable-length attention kernel gives ~0 (noise can make it negative: kept
+    at 0).
+    """
+    q, slots, excess = query_tokens, [], []
+    for r, (mixed_s, long_s) in probes.items():
+        batch = q + r - 1
+        flat_s = short_s[r] + (long_s - short_s[r]) * (batch - r) / (q * r - r)  # linear in B, same R
+        slots.append((r - 1) * (q - 1))
+        excess.append(mixed_s - flat_s)
+    if not slots:
+        return 0.0
+    slope = sum(x * y for x, y in zip(slots, excess, strict=True)) / sum(x * x for x in slots)
+    return max(0.0, slope)
+
+
+def served_models(cfg: ProfileConfig, gen: torch.Generator) -> tuple[Verifier, Callable[[str], Drafter]]:
+    """The verifier and a drafter factory of ``cfg``: random weights of the preset, or the trained checkpoints."""
+    device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
+    if cfg.checkpoints is not None:
+        target = checkpoints.load_target(Path(cfg.checkpoints)).to(device=device, dtype=dtype)
+        return target, lambda kind: checkpoints.load_drafter(kind, target, Path(cfg.checkpoints)).to(device, dtype)
+    model = build_verifier(cfg.preset, gen, device, dtype)
+    return model, lambda kind: build_drafter(kind, model, gen, max_depth=max(cfg.draft_tokens))
+
+Models = tuple[Verifier, Callable[[str], Drafter]]  # the verifier and a drafter factory (kind -> drafter)
+
+
+@torch.inference_mode()
+def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None,
+            on_total: Callable[[int], None] = lambda _: None, models: Models | None = None) -> dict[str, Any]:
+    """Run every timing of ``cfg`` and return the profile dictionary (simulator format).
+
+    ``on_total`` hears the number of points once the grids are final, ``on_point`` each point as it starts.
+    ``models`` (a verifier and a drafter factory) times those models instead of :func:`served_models`.
+    """
+    device = torch.device(cfg.device)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    model, drafter_for = models if models is not None else served_models(cfg, gen)
+    forward = torch.compile(model, dynamic=False) if cfg.compile else model
+    ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
+    cfg, capped_from = _fit_requests(cfg, kv_slots_that_fit(cfg, model, device, ctx_hi))
+    on_total(count_points(cfg))
+
+    verify_keys, points = _forward_points(cfg, model, forward, device, gen, on_point)
+    drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
+    for kind, drafter in drafters.items():
+        for r in cfg.num_requests:
+            for g in cfg.draft_tokens:
+                points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, ctx_hi, device, gen, r, g)))
+    times = iter(time_points(points, cfg.warmup, cfg.repeats, cfg.interleave, device, on_point))
+
+    curves = _verify_curves(cfg, verify_keys, times)
+    per_request, padded_slot_s = _per_request_costs(cfg, times)
+    draft = {kind: DraftTable(cfg.num_requests, cfg.draft_tokens,
+                              tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
+             for kind in drafters}
+    del drafters
+    prefill = _prefill_cost(cfg, model, forward, device, gen, on_point)
+
+    assumed = Assumptions()
+    profile = ProfileDocument(
+        metadata=_metadata(cfg, model, device, curves, capped_from),
+        gpus_per_replica=1,
+        verify=VerifyTable(tuple(curves[str(ctx_lo)]["batch_tokens"]), tuple(curves[str(ctx_lo)]["steps_per_s"]),
+                           padded_slot_s),
+        per_request=PerRequestTable(cfg.num_requests, tuple(per_request)),
+        draft=draft,
+        prefill=prefill,
+        scheduler=SchedulerCost(assumed.scheduler_fixed_s, assumed.scheduler_per_candidate_s),
+    ).to_dict()
+    if cfg.host_overhead:
+        profile = _with_host_costs(profile, cfg, model, drafter_for, on_point)
+    return profile
+
+
+def _forward_points(cfg: ProfileConfig, model: Verifier, forward: Callable, device: torch.device,
+                    gen: torch.Generator, on_point: Callable[[str], None]
+                    ) -> tuple[list[tuple[int, int]], list[tuple[str, Prepare]]]:
+    """The verifier's timing points: the verify grid per context, the per-request pairs and the padding probe.
+    Returns (context, B) of each verify point that fits in memory, and every point in timing order."""
+    ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
+    points: list[tuple[str, Prepare]] = []
+    verify_keys: list[tuple[int, int]] = []  # (context, B) of each verify point
+    for context in cfg.context_tokens:
+        max_slots = kv_slots_that_fit(cfg, model, device, context)
+        for b in cfg.batch_tokens:
+            layout = split_tokens(b, cfg.query_tokens)
+            if max_slots is not None and len(layout) > max_slots:
+                on_point(f"verify B={b} C={context} (does not fit)")
+                continue  # this context's KV cache for so many requests does not fit: left out of the curve
+            verify_keys.append((context, b))
+            points.append((f"verify B={b} C={context}", verify_call(model, forward, device, gen, b, layout,
+                                                                       context)))
+    for r in cfg.num_requests:
+        points.append((f"per-request R={r}", verify_call(model, forward, device, gen, r, [1] * r, ctx_hi)))
+        points.append((f"per-request R={r} (base)", verify_call(model, forward, device, gen, r, [1] * r, ctx_lo)))
+    q = cfg.query_tokens
+    for r in padded_requests(cfg):  # one long request among short ones, and the uniform long layout
+        points.append((f"padded R={r}", verify_call(model, forward, device, gen, q + r - 1, [q] + [1] * (r - 1),
+                                                     ctx_hi)))
+        points.append((f"uniform R={r} q={q}", verify_call(model, forward, device, gen, q * r, [q] * r, ctx_hi)))
+    return verify_keys, points
+
+
+def _verify_curves(cfg: ProfileConfig, verify_keys: list[tuple[int, int]],
+                   times: Iterator[float]) -> dict[str, dict[str, list]]:
+    """Context length -> {batch_tokens, steps_per_s} from the verify points' times."""
+    curves: dict[str, dict[str, list]] = {str(c): {"batch_tokens": [], "steps_per_s": []} for c in cfg.context_tokens}
+    for context, b in verify_keys:
+        curves[str(context)]["batch_tokens"].append(b)
+        curves[str(context)]["steps_per_s"].append(1.0 / next(times))
+    ctx_lo = min(cfg.context_tokens)
+    if curves[str(ctx_lo)]["batch_tokens"] != list(cfg.batch_tokens):
+        raise SystemExit(f"the verify grid does not fit in memory at context {ctx_lo}; lower --max-batch-tokens")
+    return curves
+
+
+def _per_request_costs(cfg: ProfileConfig, times: Iterator[float]) -> tuple[list[float], float]:
+    """(per-request step seconds per R, seconds per padded slot) from the per-request pairs and the padding probe."""
+    short_s = []  # R x 1 token at ctx_hi, for the padding fit
+    per_request = []
+    for _ in cfg.num_requests:
+        short_s.append(next(times))
+        per_request.append(max(0.0, short_s[-1] - next(times)))  # hi - lo
+    padded_slot_s = padding_cost(cfg.query_tokens, dict(zip(cfg.num_requests, short_s, strict=True)),
+                                 {r: (next(times), next(times)) for r in padded_requests(cfg)})
+    return per_request, padded_slot_s
+
+
+def _prefill_cost(cfg: ProfileConfig, model: Verifier, forward: Callable, device: torch.device,
+                  gen: torch.Generator, on_point: Callable[[str], None]) -> PrefillCost:
+    """The verifier's prefill from one request of n1 and one of n2 tokens: tokens_per_s = (n2 - n1) / (t2 - t1)."""
+    n1, n2 = cfg.prefill_tokens
+    on_point(f"prefill {n1} tokens")
+    t1 = median_s(verify_call(model, forward, device, gen, n1, [n1], 0)(), device, cfg.warmup, cfg.repeats)
+    on_point(f"prefill {n2} tokens")
+    t2 = median_s(verify_call(model, forward, device, gen, n2, [n2], 0)(), device, cfg.warmup, cfg.repeats)
+    tokens_per_s = (n2 - n1) / (t2 - t1) if t2 > t1 else n2 / t2  # noise guard: fall back to the mean rate
+    return PrefillCost(max(0.0, t1 - n1 / tokens_per_s), tokens_per_s)
+
+
+def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves: dict[str, dict[str, list]],
+              capped_from: int | None) -> ProfileMetadata:
+    """What was measured how: the models, the configuration, the timing protocol and every table's definition."""
+    ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
+    details = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "dtype": cfg.dtype,
+        "preset": cfg.preset if cfg.checkpoints is None else None,
+        "checkpoints": cfg.checkpoints,
+        "model_shape": asdict(model.s),
+        "feature_layers": list(model.feature_layers),
+        "config": asdict(cfg),
+        "timing": (f"median of {cfg.repeats} runs after {cfg.warmup} warm-up runs, device synchronised"
+                   + (", interleaved round-robin over the grid; " if cfg.interleave else "; ")
+                   + "host-side index building excluded; "
+                   + ("random weights" if cfg.checkpoints is None else f"weights of {cfg.checkpoints}")),
+        "verify_layout": f"B tokens as ceil(B/{cfg.query_tokens}) requests; verify table at context {ctx_lo}",
+        "verify_curves": curves,  # context length -> {batch_tokens, steps_per_s}
+        "per_request_definition": f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})",
+        "padded_slot_definition": (f"least-squares slope over R of t(one request of {cfg.query_tokens} tokens "
+                                   f"+ R-1 of 1) minus the linear interpolation in B between R x 1 and "
+                                   f"R x {cfg.query_tokens} tokens, per padded slot (R-1) x "
+                                   f"{cfg.query_tokens - 1}, context {ctx_hi}"),
+        "scheduler_source": "assumed (calibration.roofline.Assumptions), not measured",
+        "cpu_threads": torch.get_num_threads(),
+        "num_requests_capped": (None if capped_from is None else
+                                f"R grid cut from {capped_from} to {cfg.num_requests[-1]}: the KV cache of more "
+                                f"requests at context {ctx_hi} does not fit the memory budget"),
+    }
+    return ProfileMetadata(source="measured", device=device_name(device), model=model.s.name,
+                           created=datetime.date.today().isoformat(), tool=TOOL, details=details)
+
+
+def _with_host_costs(profile: dict[str, Any], cfg: ProfileConfig, model: Verifier,
+                     drafter_for: Callable[[str], Drafter], on_point: Callable[[str], None]) -> dict[str, Any]:
+    """The serving loop's scheduler, prefill and loop costs folded into a new profile (:mod:`.loop_costs`)."""
+    if not cfg.drafters:
+        raise SystemExit("--host-overhead runs the serving loop, which needs a drafter: pass --drafters")
+    kind = cfg.drafters[0]
+    gamma = max(cfg.draft_tokens)
+    probe = tuple(r for r in cfg.num_requests if r <= 8) or cfg.num_requests[:1]
+    return with_loop_costs(profile, model, drafter_for(kind), gamma, probe, cfg.prefill_tokens, seed=cfg.seed,
+                           warmup=cfg.warmup, repeats=cfg.repeats, on_point=on_point)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    threads = torch.get_num_threads()
+    return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"
