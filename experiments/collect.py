@@ -17,13 +17,21 @@ number of replicas):
   (when the baseline is in the sweep);
 * ``load.png|svg``: throughput and verification budget vs concurrency;
 
+when the jobs wrote their request tables (``write_tables=true``, the default):
+
+* ``latency_cdf.png|svg``: TTFT and TPOT CDFs per policy (each policy's runs
+  pooled; runs without ``requests.parquet`` are named in the report);
+
 and when it runs ``policy=threshold`` at several ``policy.theta``:
 
 * ``threshold.png|svg``: accepted/rejected draft tokens and acceptance rate
   per threshold and traffic.
 
-This module is the I/O edge; tables and figures come from pure functions in
-``experiments.sweep_table``, ``experiments.frontier`` and ``experiments.plots``.
+Figures are stamped with the code revision each run recorded in its summary
+(and every revision when the runs disagree), never the revision ``collect``
+runs at. This module is the I/O edge; tables and figures come from pure
+functions in ``experiments.sweep_table``, ``experiments.frontier`` and
+``experiments.plots``. The command line shows a progress bar over the runs.
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from experiments.frontier import (
     SLA_HEADER,
@@ -50,28 +58,18 @@ from experiments.frontier import (
     sla_rows,
     sla_table,
 )
-from experiments.plots import frontier_figure, load_figure, table_figure, threshold_figure
-from experiments.sweep_table import sweep_frame, sweep_row
+from experiments.plots import frontier_figure, latency_cdf_figure, load_figure, table_figure, threshold_figure
+from experiments.sweep_table import sweep_frame, sweep_row, window_latencies
 
 DEFAULT_BASELINE = "mtp1"
 DEFAULT_SLAS = "80,120"  # the paper's V4-Flash anchors (tok/s/user)
 # What must be the same for every job before per-policy frontiers mean anything.
 SETUP_COLUMNS = ("traffic_name", "hardware", "num_decode_engines")
-REPO = Path(__file__).resolve().parents[1]
+LATENCY_COLUMNS = ["first_token_at", "finished_at", "ttft_s", "tpot_s"]  # read from each run's requests.parquet
 
 
 class SweepError(ValueError):
     """A multirun directory is missing what ``collect`` needs; the message names the path."""
-
-
-def git_revision(repo: Path = REPO) -> str:
-    """``git rev-parse --short HEAD`` of the code, or 'unknown' outside a repository."""
-    try:
-        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "unknown"
 
 
 def _read_yaml(path: Path, job: Path) -> object:
@@ -101,8 +99,8 @@ def read_job(job: Path, root: Path) -> dict:
     return sweep_row(str(job.relative_to(root)), summary, config, list(overrides), steps)  # type: ignore[arg-type]
 
 
-def load_sweep(root: Path, allow_missing: bool = False) -> pd.DataFrame:
-    """The sweep table of a multirun directory; errors name what is missing."""
+def load_sweep(root: Path, allow_missing: bool = False, progress: bool = False) -> pd.DataFrame:
+    """The sweep table of a multirun directory; errors name what is missing. ``progress``: a bar over the jobs."""
     if not root.is_dir():
         raise SweepError(f"{root}: no such directory; expected a Hydra multirun directory "
                          "(hydra.sweep.dir of python -m experiments.run -m ...)")
@@ -116,7 +114,38 @@ def load_sweep(root: Path, allow_missing: bool = False) -> pd.DataFrame:
         names = ", ".join(str(p.relative_to(root)) for p in missing[:10])
         raise SweepError(f"{root}: {len(missing)} job(s) have no summary.json (failed or still running?): {names}; "
                          "pass --allow-missing to collect the others")
-    return sweep_frame([read_job(job, root) for job in jobs])
+    bar = tqdm(jobs, desc="summaries", unit="run", disable=not progress, leave=False)
+    return sweep_frame([read_job(job, root) for job in bar])
+
+
+def load_latencies(root: Path, sweep: pd.DataFrame, progress: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """Per-request TTFT and TPOT of every run that wrote ``requests.parquet`` (with ``job`` and
+    ``policy_label``), and the jobs that did not (``write_tables=false``) or whose summary has no window."""
+    frames, missing = [], []
+    bar = tqdm(sweep.itertuples(index=False), total=len(sweep), desc="request tables", unit="run",
+               disable=not progress, leave=False)
+    for row in bar:
+        path = root / row.job / "requests.parquet"
+        window = (getattr(row, "window_start_at", None), getattr(row, "window_end_at", None))
+        if not path.is_file() or any(pd.isna(t) for t in window):
+            missing.append(row.job)
+            continue
+        frame = window_latencies(pd.read_parquet(path, columns=LATENCY_COLUMNS), *window)  # type: ignore[arg-type]
+        frames.append(frame.assign(job=row.job, policy_label=row.policy_label))
+    columns = ["ttft_s", "tpot_s", "job", "policy_label"]
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)), missing
+
+
+def _latency_cdfs(root: Path, sweep: pd.DataFrame, out: Path, progress: bool, report: list[str]) -> list[Path]:
+    latencies, missing = load_latencies(root, sweep, progress)
+    if missing:
+        names = ", ".join(missing[:10]) + (", ..." if len(missing) > 10 else "")
+        report.append(f"{len(missing)} of {len(sweep)} runs have no requests.parquet (run with write_tables=true) "
+                      f"or no window in their summary, so the latency CDFs leave them out: {names}")
+    if latencies.empty:
+        report.append("no TTFT/TPOT CDFs: no run wrote its request table")
+        return []
+    return _save(latency_cdf_figure(latencies, sweep), out, "latency_cdf")
 
 
 _SVG_ID = re.compile(r'(?<=id=")[a-z][0-9a-f]{10}(?=")|(?<=#)[a-z][0-9a-f]{10}(?=[")])')
@@ -159,13 +188,13 @@ def _not_a_load_sweep(sweep: pd.DataFrame) -> str | None:
 
 
 def _frontiers(sweep: pd.DataFrame, labels: list[str], out: Path, baseline: str | None, slas: list[float],
-               revision: str, report: list[str]) -> list[Path]:
+               report: list[str]) -> list[Path]:
     """Frontier table and figure, SLA table (when the baseline is in the sweep) and load figure."""
     written = [out / "frontier.csv"]
     frontier = pd.concat([pareto_frontier(sweep[sweep["policy_label"] == name]) for name in labels])
     frontier[["policy_label", "offered_load", USER_SPEED, THROUGHPUT, "verification_budget_per_request",
               "job"]].to_csv(written[0], index=False)
-    written += _save(frontier_figure(sweep, slas, revision), out, "frontier")
+    written += _save(frontier_figure(sweep, slas), out, "frontier")
     chosen = baseline or DEFAULT_BASELINE
     if chosen in labels:
         table, matched = sla_table(sweep, chosen, slas), matched_throughput(sweep, chosen)
@@ -174,27 +203,26 @@ def _frontiers(sweep: pd.DataFrame, labels: list[str], out: Path, baseline: str 
         table.to_csv(out / "sla_table.csv", index=False)
         matched.to_csv(out / "matched_throughput.csv", index=False)
         written += [out / "sla_table.md", out / "sla_table.csv", out / "matched_throughput.csv"]
-        figure = table_figure(sla_rows(table), SLA_HEADER, f"SLA table against {chosen}", SLA_NOTE, sweep, revision)
+        figure = table_figure(sla_rows(table), SLA_HEADER, f"SLA table against {chosen}", SLA_NOTE, sweep)
         written += _save(figure, out, "sla_table")
         report.append(text)
     elif baseline is not None:
         raise SweepError(f"--baseline {baseline!r} is not in the sweep; policies found: {', '.join(labels)}")
     else:
         report.append(f"no SLA table: the sweep has no {DEFAULT_BASELINE} runs (pass --baseline NAME)")
-    written += _save(load_figure(sweep, revision), out, "load")
+    written += _save(load_figure(sweep), out, "load")
     return written
 
 
 def collect(root: Path, out: Path, baseline: str | None = None, slas: list[float] | None = None,
-            allow_missing: bool = False) -> tuple[list[Path], str]:
+            allow_missing: bool = False, progress: bool = False) -> tuple[list[Path], str]:
     """Write the table and figures of the sweep in ``root`` into ``out``; returns the paths and a report.
 
     ``baseline=None`` uses mtp1 when the sweep has it and skips the SLA table otherwise;
     a baseline given by name must be in the sweep.
     """
     slas = slas if slas is not None else _parse_slas(DEFAULT_SLAS)
-    sweep = load_sweep(root, allow_missing)
-    revision = git_revision()
+    sweep = load_sweep(root, allow_missing, progress)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "sweep.csv", out / "sweep.parquet"]
     sweep.to_csv(written[0], index=False)
@@ -207,10 +235,11 @@ def collect(root: Path, out: Path, baseline: str | None = None, slas: list[float
             raise SweepError(f"--baseline {baseline!r}: no frontiers to compare, {problem}")
         report.append(f"no frontier, SLA table or load figure: {problem}")
     else:
-        written += _frontiers(sweep, labels, out, baseline, slas, revision, report)
+        written += _frontiers(sweep, labels, out, baseline, slas, report)
     thresholds = sweep[sweep["policy"] == "threshold"]
     if thresholds["policy_params"].nunique() > 1:
-        written += _save(threshold_figure(sweep, revision), out, "threshold")
+        written += _save(threshold_figure(sweep), out, "threshold")
+    written += _latency_cdfs(root, sweep, out, progress, report)
     return written, "\n".join(report)
 
 
@@ -228,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         written, report = collect(args.sweep_dir, args.out or args.sweep_dir / "collected", args.baseline,
-                                  _parse_slas(args.sla), args.allow_missing)
+                                  _parse_slas(args.sla), args.allow_missing, progress=True)
     except SweepError as err:
         parser.exit(2, f"error: {err}\n")
     print(report)

@@ -1,12 +1,16 @@
 """Figures of a sweep (pure: DataFrames in, matplotlib Figures out; the caller saves them).
 
 Every figure carries, in its lower-right corner, the hardware profile it was
-simulated on (its label says "measured" or "analytic") and the code revision.
+simulated on (its label says "measured" or "analytic") and the code revision
+its runs recorded in their summaries (all of them when the runs disagree).
+Titles and stamps never show a local absolute path: a path is shown by its
+file name.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import matplotlib
 import numpy as np
@@ -19,13 +23,34 @@ from experiments.frontier import THROUGHPUT, USER_SPEED, pareto_frontier
 
 BUDGET = "verification_budget_per_request"
 CONCURRENCY = "mean_num_requests"
+REVISION = "code_revision_describe"  # the sweep column of each run's recorded code revision
+CDF_POINTS = 501  # quantiles drawn per CDF line (0.2% steps): exact shape, small SVGs
+_LOCAL_PATH = re.compile(r"(?<![^\s(\[=])(?:[A-Za-z]:[\\/]|~/|/)[^\s:;,()]*")  # starts a word: not tok/s
 
 
-def provenance(sweep: pd.DataFrame, revision: str) -> str:
+def without_local_paths(text: str) -> str:
+    """``text`` with every absolute (or home-relative) path replaced by its file name."""
+    return _LOCAL_PATH.sub(lambda m: re.split(r"[\\/]", m.group(0).rstrip("/\\"))[-1] or m.group(0), text)
+
+
+def revision_text(sweep: pd.DataFrame) -> str:
+    """'rev <describe>' of the runs, 'revs differ: a, b' when they disagree, or 'rev not recorded'."""
+    if REVISION not in sweep:
+        return "rev not recorded"
+    revisions = sorted(set(sweep[REVISION].dropna().astype(str)))
+    unrecorded = " + unrecorded" if sweep[REVISION].isna().any() and revisions else ""
+    if not revisions:
+        return "rev not recorded"
+    if len(revisions) == 1:
+        return f"rev {revisions[0]}{unrecorded}"
+    return f"revs differ: {', '.join(revisions)}{unrecorded}"
+
+
+def provenance(sweep: pd.DataFrame) -> str:
     """'profile: <label> | rev <revision>'; the label names the source (measured/analytic), added when it does not."""
     pairs = sweep[["profile", "profile_source"]].drop_duplicates().itertuples(index=False)
     profiles = "; ".join(label if f"({source})" in label else f"{label} ({source})" for label, source in pairs)
-    return f"profile: {profiles} | rev {revision}"
+    return without_local_paths(f"profile: {profiles} | {revision_text(sweep)}")
 
 
 def _stamp(fig: Figure, text: str) -> None:
@@ -49,8 +74,7 @@ def _log_x_if_wide(ax: Axes, values: pd.Series, min_ratio: float) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def frontier_figure(sweep: pd.DataFrame, slas_tok_s_user: list[float], revision: str,
-                    label: str = "policy_label") -> Figure:
+def frontier_figure(sweep: pd.DataFrame, slas_tok_s_user: list[float], label: str = "policy_label") -> Figure:
     """Throughput (tok/s/GPU) against per-user speed (tok/s/user): every point and each policy's Pareto envelope."""
     fig = Figure(figsize=(8.0, 5.5), layout="constrained")
     ax = fig.add_subplot()
@@ -72,11 +96,11 @@ def frontier_figure(sweep: pd.DataFrame, slas_tok_s_user: list[float], revision:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    _stamp(fig, provenance(sweep, revision))
+    _stamp(fig, provenance(sweep))
     return fig
 
 
-def load_figure(sweep: pd.DataFrame, revision: str, label: str = "policy_label") -> Figure:
+def load_figure(sweep: pd.DataFrame, label: str = "policy_label") -> Figure:
     """Throughput and mean verification budget per request against concurrency (the paper's Figure 8)."""
     fig = Figure(figsize=(8.0, 7.0), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
@@ -104,11 +128,11 @@ def load_figure(sweep: pd.DataFrame, revision: str, label: str = "policy_label")
     bottom.set_ylim(bottom=0)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    _stamp(fig, provenance(sweep, revision))
+    _stamp(fig, provenance(sweep))
     return fig
 
 
-def threshold_figure(sweep: pd.DataFrame, revision: str) -> Figure:
+def threshold_figure(sweep: pd.DataFrame) -> Figure:
     """Accepted and rejected draft tokens per request-step (bars) and acceptance rate (line) vs theta (Figure 5).
 
     One panel per traffic name; uses the rows of the ``threshold`` policy.
@@ -131,7 +155,7 @@ def threshold_figure(sweep: pd.DataFrame, revision: str) -> Figure:
                label="rejected draft tokens")
         ax.set_xticks(pos, [f"{t:g}" for t in data.index])
         ax.set_xlabel("confidence threshold theta")
-        ax.set_title(f"traffic: {traffic}")
+        ax.set_title(without_local_paths(f"traffic: {traffic}"))
         rate = ax.twinx()
         rate_axes.append(rate)
         rate.plot(pos, 100 * data[cols[2]], "ko-", ms=4, label="acceptance rate")
@@ -147,12 +171,11 @@ def threshold_figure(sweep: pd.DataFrame, revision: str) -> Figure:
     handles = axes[0].get_legend_handles_labels()[0] + rate_axes[0].get_legend_handles_labels()[0]
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle("Confidence threshold sweep: verified draft tokens and acceptance rate")
-    _stamp(fig, provenance(rows, revision))
+    _stamp(fig, provenance(rows))
     return fig
 
 
-def table_figure(rows: list[list[str]], header: list[str], title: str, note: str, sweep: pd.DataFrame,
-                 revision: str) -> Figure:
+def table_figure(rows: list[list[str]], header: list[str], title: str, note: str, sweep: pd.DataFrame) -> Figure:
     """A table of text cells rendered as a figure (the SLA table), with a note under it."""
     fig = Figure(figsize=(11.0, 0.3 * (len(rows) + 5)), layout="constrained")
     ax = fig.add_subplot()
@@ -161,7 +184,47 @@ def table_figure(rows: list[list[str]], header: list[str], title: str, note: str
     table.auto_set_font_size(False)
     table.set_fontsize(8)
     table.auto_set_column_width(list(range(len(header))))
-    fig.suptitle(title, fontsize=10)
-    ax.set_title(note, fontsize=7)
-    _stamp(fig, provenance(sweep, revision))
+    fig.suptitle(without_local_paths(title), fontsize=10)
+    ax.set_title(without_local_paths(note), fontsize=7)
+    _stamp(fig, provenance(sweep))
+    return fig
+
+
+def latency_cdf_figure(latencies: pd.DataFrame, sweep: pd.DataFrame, label: str = "policy_label") -> Figure:
+    """Empirical CDFs of TTFT and TPOT per policy, each policy's runs pooled.
+
+    ``latencies`` has one row per request of the runs that wrote their request
+    table: ``label``, ``job``, ``ttft_s`` (NaN unless the first token came in
+    its run's window) and ``tpot_s`` (NaN unless it finished in the window),
+    as in the runs' summaries. Each line is drawn through ``CDF_POINTS``
+    quantiles of its values.
+    """
+    fig = Figure(figsize=(11.0, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    labels = [name for name in dict.fromkeys(sweep[label]) if name in set(latencies[label])]
+    colors = _colors(list(dict.fromkeys(sweep[label])))  # the colours of the other figures
+    levels = np.linspace(0.0, 1.0, CDF_POINTS)
+    panels = (("ttft_s", "TTFT (ms)", "requests with their first token in the window"),
+              ("tpot_s", "TPOT (ms per output token after the first)", "requests finished in the window"))
+    for ax, (column, xlabel, which) in zip(axes, panels, strict=True):
+        drawn = []
+        for name in labels:
+            rows = latencies[latencies[label] == name]
+            values = 1e3 * rows[column].dropna().to_numpy(dtype=np.float64)
+            if values.size == 0:
+                continue
+            x = np.quantile(values, levels)
+            drawn.append(pd.Series(x))
+            ax.plot(x, levels, "-", lw=1.5, color=colors[name],
+                    label=f"{name} ({values.size:,} requests, {rows['job'].nunique()} runs)")
+        if drawn:
+            _log_x_if_wide(ax, pd.concat(drawn), 20.0)
+            ax.legend(fontsize=7, loc="lower right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{xlabel.split(' ')[0]} CDF: {which}", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Latency CDFs per policy (each policy's runs pooled)")
+    _stamp(fig, provenance(sweep))
     return fig

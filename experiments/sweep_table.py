@@ -1,7 +1,9 @@
 """One table row per sweep job, built from what the job wrote (pure: the caller reads the files).
 
-A row joins the job's ``summary.json`` (flattened: ``ttft_s: {mean, p50, p90}``
-becomes ``ttft_s_mean`` ...), the load and setup read from its resolved
+A row joins the job's ``summary.json`` (flattened: ``ttft_s: {mean, p50, ...}``
+becomes ``ttft_s_mean`` ..., ``code_revision: {describe, ...}`` becomes
+``code_revision_describe`` ...; lists and deeper values are JSON text; the
+resolved ``config`` is left out, being the job's own ``.hydra/config.yaml``), the load and setup read from its resolved
 ``.hydra/config.yaml`` and its command-line overrides (``override.<key>``
 columns). Derived per request-step columns split the verification budget
 (``1 + l_r`` target tokens) into the bonus/correction position, accepted
@@ -40,10 +42,19 @@ def _dig(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+NOT_IN_TABLE = ("config",)  # summary keys the table leaves out
+
+
+def _flat_dict(value: Any) -> bool:
+    return isinstance(value, dict) and not any(isinstance(v, (dict, list)) for v in value.values())
+
+
 def _flatten(summary: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {}
     for key, value in summary.items():
-        if isinstance(value, dict) and key != "policy_params":
+        if key in NOT_IN_TABLE:
+            continue
+        if _flat_dict(value) and key != "policy_params":
             row.update({f"{key}_{stat}": v for stat, v in value.items()})
         elif isinstance(value, (dict, list)):
             row[key] = json.dumps(value, sort_keys=True)
@@ -81,6 +92,15 @@ def sweep_row(job: str, summary: dict[str, Any], config: dict[str, Any], overrid
     if steps is not None:
         row.update(step_times(steps, float(row["warmup_s"] or 0.0)))
     return row
+
+
+def window_latencies(requests: pd.DataFrame, start_at: float, end_at: float) -> pd.DataFrame:
+    """Per request of one run: ``ttft_s`` where the first token came in the window ``(start_at, end_at]`` and
+    ``tpot_s`` where the request finished in it (NaN elsewhere): the populations of the run's summary."""
+    first = (requests["first_token_at"] > start_at) & (requests["first_token_at"] <= end_at)
+    done = (requests["finished_at"] > start_at) & (requests["finished_at"] <= end_at)
+    out = pd.DataFrame({"ttft_s": requests["ttft_s"].where(first), "tpot_s": requests["tpot_s"].where(done)})
+    return out[first | done].reset_index(drop=True)
 
 
 def base_label(policy: str, params: dict[str, Any]) -> str:

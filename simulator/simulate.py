@@ -11,13 +11,17 @@ import pandas as pd
 
 from simulator.cluster import Cluster
 from simulator.engine import StepLog
-from simulator.metrics import add_request_metrics, summarize
+from simulator.metrics import add_request_metrics, requests_in_run, summarize
 from simulator.specs import SimulationSpec
 
 
 @dataclass(frozen=True)
 class Results:
-    """Tables of one run plus its summary. ``requests`` has one row per request, ``steps`` one per engine step."""
+    """Tables of one run plus its summary.
+
+    ``requests`` has one row per request that arrived before the end of the run (``in_window``: arrived in the
+    measurement window; unfinished requests show their counters so far), ``steps`` one row per engine step.
+    """
 
     spec: SimulationSpec
     requests: pd.DataFrame
@@ -28,11 +32,14 @@ class Results:
 def simulate(spec: SimulationSpec, progress: Callable[[float], None] | None = None) -> Results:
     cluster = Cluster(spec)
     end_at = cluster.run(progress)
-    requests = add_request_metrics(cluster.store.to_frame())
+    frame = add_request_metrics(cluster.store.to_frame())
+    complete = spec.duration_s is None  # an open-loop workload run until every request finished
+    start_at = float(frame["arrival_at"].min()) if complete else spec.warmup_s
+    # A trace's later rows are in the store from the start: they never arrived when the run stopped first.
+    requests = requests_in_run(frame, start_at, None if complete else end_at)
     steps = pd.DataFrame(cluster.steps.rows, columns=list(StepLog.COLUMNS))
     verified_counts = np.sum([e.verified_length_counts for e in cluster.engines], axis=0)
     accepted_counts = np.sum([e.accepted_length_counts for e in cluster.engines], axis=0)
-    start_at = spec.warmup_s if spec.duration_s is not None else float(requests["arrival_at"].min())
     num_gpus = spec.cluster.num_decode_engines * spec.profile.gpus_per_replica
     summary = {
         "policy": spec.policy.name,
