@@ -1,71 +1,65 @@
-"""Turn a Hydra ``DictConfig`` into the simulator's typed specs (Hydra stops here)."""
+"""Turn a Hydra ``DictConfig`` into the simulator's typed specs (Hydra stops here).
+
+:func:`build_spec` validates the composed config against the schema
+(:mod:`experiments.schema`), so a bad value is a :class:`ConfigError` naming the
+key, then loads the profile and the traffic. Files are read here, never at import.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from policies import Policy, make_policy
-from simulator import ClusterSpec, ConfidenceSpec, DifficultySpec, DrafterSpec, EngineLimits, SimulationSpec
-from simulator.acceptance.presets import DRAFTERS
-from simulator.profile import load_profile
+from experiments.schema import ConfigError, RunConfig, validate
+from simulator import SimulationSpec, load_profile
 from traces import load_trace_workload
+from traces.formats import detect_format
+from traces.load import SAMPLES
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
-
-def _plain(node: Any) -> dict[str, Any]:
-    return OmegaConf.to_container(node, resolve=True) if node is not None else {}  # type: ignore[return-value]
+__all__ = ["ConfigError", "build_spec", "build_traffic"]
 
 
-def construct(cls: type, params: dict[str, Any], where: str) -> Any:
-    """``cls(**params)`` with an error that names the config group and the valid keys."""
-    valid = set(getattr(cls, "__dataclass_fields__", {}))
-    unknown = sorted(set(params) - valid)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}")
-    return cls(**params)
+def _check_trace_label(traffic: Any) -> None:
+    """A shipped sample's config pointed at another file still names the run after the sample: allow it only for
+    a file of the sample's format (the full public trace), so that a BurstGPT run is never labelled azure_conv."""
+    sample = SAMPLES.get(traffic.name)
+    if sample is None or traffic.trace == traffic.name:
+        return
+    found = traffic.format or detect_format(Path(traffic.trace).expanduser())
+    if found != sample.format:
+        raise ConfigError(
+            f"traffic.trace={traffic.trace}: a {found} trace, but traffic={traffic.name} replays {sample.format} "
+            f"traces and would label the run {traffic.name}; use traffic={found} traffic.trace={traffic.trace}")
 
 
-def build_policy(cfg: DictConfig) -> Policy:
-    params = _plain(cfg)
-    return make_policy(params.pop("name"), **params)
+def build_traffic(traffic: Any, seed: int) -> TrafficSpec | Workload:
+    """The traffic of a validated ``traffic`` config: a synthetic spec, or a trace read and replayed now."""
+    if traffic.arrival != "trace":
+        return traffic.to_spec()
+    _check_trace_label(traffic)
+    options = dataclasses.replace(traffic.to_spec(), seed=seed)
+    return load_trace_workload(traffic.trace, format=traffic.format, options=options)
 
 
-def build_drafter(cfg: DictConfig, acceptance: DictConfig) -> DrafterSpec:
-    if cfg.kind not in DRAFTERS:
-        raise ValueError(f"unknown drafter {cfg.kind!r}; valid drafters: {', '.join(DRAFTERS)}")
-    acc = _plain(acceptance)
-    return DrafterSpec(kind=cfg.kind, gamma=int(cfg.gamma), log=cfg.get("log"), log_order=cfg.get("log_order", "auto"),
-                       confidence=construct(ConfidenceSpec, acc.get("confidence", {}), "acceptance.confidence"),
-                       difficulty=construct(DifficultySpec, acc.get("difficulty", {}), "acceptance.difficulty"))
-
-
-def build_cluster(cfg: DictConfig) -> ClusterSpec:
-    c = _plain(cfg)
-    limits = EngineLimits(max_concurrency=int(c.pop("max_concurrency")),
-                          kv_capacity_tokens=int(c.pop("kv_capacity_tokens")))
-    return construct(ClusterSpec, {"limits": limits, **c}, "cluster")
-
-
-def build_traffic(cfg: DictConfig, seed: int) -> TrafficSpec | Workload:
-    t = _plain(cfg)
-    t.pop("name", None)
-    if t.get("arrival") == "trace":
-        t.pop("arrival")
-        return load_trace_workload(t.pop("trace"), format=t.pop("format", None), seed=seed, **t)
-    return construct(TrafficSpec, t, "traffic")
+def spec_of(run: RunConfig) -> SimulationSpec:
+    """The simulation a validated config describes (reads the profile and any trace file)."""
+    return SimulationSpec(
+        policy=run.policy.to_spec(),
+        profile=load_profile(run.hardware),
+        drafter=run.drafter.to_spec(run.acceptance),
+        cluster=run.cluster.to_spec(),
+        traffic=build_traffic(run.traffic, run.seed),
+        duration_s=run.duration_s,
+        warmup_s=run.warmup_s,
+        seed=run.seed,
+    )
 
 
 def build_spec(cfg: DictConfig) -> SimulationSpec:
-    return SimulationSpec(
-        policy=build_policy(cfg.policy),
-        profile=load_profile(cfg.hardware),
-        drafter=build_drafter(cfg.drafter, cfg.acceptance),
-        cluster=build_cluster(cfg.cluster),
-        traffic=build_traffic(cfg.traffic, int(cfg.seed)),
-        duration_s=cfg.duration_s,
-        warmup_s=float(cfg.warmup_s),
-        seed=int(cfg.seed),
-    )
+    """Validate a composed config (:class:`ConfigError` names the key) and build its simulation spec."""
+    return spec_of(validate(cfg))

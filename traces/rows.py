@@ -97,8 +97,12 @@ def _missing(raw: pd.Series) -> np.ndarray:
     return missing
 
 
+#: The largest token count a row may hold: far beyond any context length, and safe in int64 sums.
+MAX_TOKENS = 2**31 - 1
+
+
 def parse_count_column(checker: RowChecker, raw: pd.Series, field: str, *, min_value: int) -> np.ndarray:
-    """Token counts as int64 (0 on bad rows); flags missing, non-numeric, fractional and too-small values.
+    """Token counts as int64 (0 on bad rows); flags missing, non-numeric, fractional, too-small and too-large values.
 
     ``min_value`` is 1 for prompt lengths and 0 for output lengths (a zero
     output is a failed request; the replay options decide what happens to it).
@@ -117,7 +121,8 @@ def parse_count_column(checker: RowChecker, raw: pd.Series, field: str, *, min_v
         checker.flag(num < 0, field, "negative", raw)
         if min_value > 0:
             checker.flag((num >= 0) & (num < min_value), field, f"less than {min_value}", raw)
-        ok = np.isfinite(num) & (num >= min_value) & (num == np.floor(num))
+        checker.flag(np.isfinite(num) & (num > MAX_TOKENS), field, f"more than {MAX_TOKENS} tokens", raw)
+        ok = np.isfinite(num) & (num >= min_value) & (num <= MAX_TOKENS) & (num == np.floor(num))
     return np.where(ok, num, 0).astype(np.int64)
 
 
