@@ -28,7 +28,8 @@ with one engine, the simulator's engine model made real:
 
 The result has the simulator's tables: ``requests`` with the columns of
 :class:`simulator.requests.RequestStore` (``difficulty`` is NaN: real requests
-have none) and the metrics of :func:`simulator.metrics.add_request_metrics`;
+have none), the metrics of :func:`simulator.metrics.add_request_metrics` and
+``in_window`` (the requests that arrived before the end, as the simulator's);
 ``steps`` with :data:`simulator.engine.StepLog.COLUMNS` plus ``host_s`` (step
 time outside drafter, policy and verifier forward); the summary comes from
 :func:`simulator.metrics.summarize` over the same window as the simulator's.
@@ -53,7 +54,7 @@ from calibration.serving.batch import LiveBatch, Prefilled
 from policies.base import Policy
 from policies.driver import CostSource
 from simulator.engine import StepLog
-from simulator.metrics import add_request_metrics, summarize
+from simulator.metrics import add_request_metrics, requests_in_run, summarize
 from simulator.requests import RequestStore
 from simulator.specs import EngineLimits
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
@@ -337,9 +338,12 @@ def serve(spec: ServingSpec, models: ServingModels) -> ServingResults:
     cpu_start_s, wall_start_s = time.thread_time(), time.perf_counter()
     end_at = server.run()
     cpu_fraction = (time.thread_time() - cpu_start_s) / (time.perf_counter() - wall_start_s)
-    requests = add_request_metrics(server.store.to_frame())
+    frame = add_request_metrics(server.store.to_frame())
+    complete = spec.duration_s is None  # an open-loop workload served until every request finished
+    start_at = float(frame["arrival_at"].min()) if complete else spec.warmup_s
+    # As the simulator's table: the requests that arrived before the end (a workload's later rows never did).
+    requests = requests_in_run(frame, start_at, None if complete else end_at)
     steps = pd.DataFrame(server.steps.rows, columns=list(STEP_COLUMNS))
-    start_at = spec.warmup_s if spec.duration_s is not None else float(requests["arrival_at"].min())
     summary = {
         "policy": spec.policy.name,
         "policy_params": dict(vars(spec.policy)),
