@@ -51,6 +51,7 @@ import pandas as pd
 import torch
 
 from calibration.profiling.measure import device_name
+from calibration.profiling.profile_file import write_profile
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.validation.report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
 from calibration.validation.setup import (
@@ -231,7 +232,7 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
-    result.profile.save(paths["profile"])
+    write_profile(result.profile.raw, paths["profile"])
     for num_draft, log in result.logs.items():
         paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
