@@ -58,6 +58,7 @@ from experiments.frontier import (
     sla_rows,
     sla_table,
 )
+from experiments.intervals import draw_intervals
 from experiments.plots import frontier_figure, latency_cdf_figure, load_figure, table_figure, threshold_figure
 from experiments.sweep_table import sweep_frame, sweep_row, window_latencies
 
@@ -194,7 +195,9 @@ def _frontiers(sweep: pd.DataFrame, labels: list[str], out: Path, baseline: str 
     frontier = pd.concat([pareto_frontier(sweep[sweep["policy_label"] == name]) for name in labels])
     frontier[["policy_label", "offered_load", USER_SPEED, THROUGHPUT, "verification_budget_per_request",
               "job"]].to_csv(written[0], index=False)
-    written += _save(frontier_figure(sweep, slas), out, "frontier")
+    figure = frontier_figure(sweep, slas)
+    draw_intervals(figure.axes[0], sweep)  # fitted profiles: prediction intervals as error bars
+    written += _save(figure, out, "frontier")
     chosen = baseline or DEFAULT_BASELINE
     if chosen in labels:
         table, matched = sla_table(sweep, chosen, slas), matched_throughput(sweep, chosen)

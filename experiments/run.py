@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from experiments.config import build_spec
 from experiments.errors import DEBUG_ENV, debug_requested, exit_with, user_message
+from experiments.intervals import with_intervals
 from experiments.provenance import provenance
 from experiments.report import format_summary, summary_json
 from simulator import Results, SimulationSpec, simulate
@@ -45,6 +46,7 @@ def simulate_to(cfg: DictConfig, spec: SimulationSpec, out_dir: Path | None = No
     with tqdm(total=spec.duration_s, unit="sim s", disable=not cfg.progress, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} sim s [{elapsed}]") as bar:
         results = simulate(spec, progress=lambda now: bar.update(now - bar.n))
+    results = with_intervals(spec, results)  # a fitted profile's alternatives: *_low / *_high in the summary
     results = dataclasses.replace(results, summary={**results.summary, **provenance(cfg, spec)})
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

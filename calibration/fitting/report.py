@@ -1,0 +1,113 @@
+"""The fit's report in words: per-run residuals, every parameter's range and status, and what is not identified.
+
+Pure functions from a :class:`~calibration.fitting.pipeline.FitReport` to text;
+the command prints them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from calibration.fitting.identify import ParameterRange
+from calibration.fitting.pipeline import FitReport, config_counts
+
+
+def _time(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    magnitude = abs(seconds)
+    if magnitude >= 1e-3:
+        return f"{seconds * 1e3:.4g} ms"
+    if magnitude >= 1e-6:
+        return f"{seconds * 1e6:.4g} us"
+    return f"{seconds * 1e9:.4g} ns"
+
+
+def _value(name: str, seconds: float) -> str:
+    if name == "attention_s_per_context_token":
+        return f"{_time(seconds)}/ctx token"
+    return _time(seconds)
+
+
+def residual_table(report: FitReport) -> str:
+    errors = report.central_errors
+    predicted = [o.step_s * (1 + e) for o, e in zip(report.observations, errors, strict=True)]
+    lines = ["residuals (model vs measured mean step time = TPOT x tokens per step):",
+             f"  {'run':<34} {'config':<9} {'load':<10} {'R':>7} {'B':>7} {'ctx':>7} {'step':>10} {'model':>10} "
+             f"{'error':>7}"]
+    for o, p, e in zip(report.observations, predicted, errors, strict=True):
+        where = f"{o.run.source.split('/')[-1]}:{o.run.row}"
+        lines.append(f"  {where:<34} {o.run.config_label:<9} {o.run.load_label:<10} {o.num_requests:7.2f} "
+                     f"{o.batch_tokens:7.1f} {o.context_tokens:7.0f} {_time(o.step_s):>10} {_time(p):>10} "
+                     f"{100 * e:+6.2f}%")
+    worst = int(np.argmax(np.abs(errors)))
+    lines.append(f"  RMS {100 * np.sqrt(np.mean(errors ** 2)):.2f}%, worst {100 * errors[worst]:+.2f}% "
+                 f"({report.observations[worst].run.where})")
+    return "\n".join(lines)
+
+
+def parameter_table(report: FitReport) -> str:
+    ident = report.identification
+    central = {name: float(vec @ report.central) for name, vec in report.model.quantities()}
+    lines = [f"identifiability (fits within chi-square +{ident.delta_chi2:g} of the best, at "
+             f"{100 * report.fit.noise:.2g}% noise per run):",
+             f"  {'parameter':<32} {'value':>16} {'range of equally good fits':>34}  status"]
+    for r in ident.ranges:
+        span = "-" if r.status == "extrapolated" else f"{_value(r.name, r.low)} .. {_value(r.name, r.high)}"
+        lines.append(f"  {r.name:<32} {_value(r.name, central[r.name]):>16} {span:>34}  {r.status}")
+    return "\n".join(lines)
+
+
+def _split_words(ranges: dict[str, ParameterRange], direction: dict[str, float]) -> str:
+    """A null direction in plain words when it is one of the known splits."""
+    names = set(direction)
+    dense = any(n.startswith("dense_") for n in names)
+    if "per_request_s" in names and dense:
+        return ("per-request vs per-token cost: without runs that change the batch tokens per request (speculation "
+                "at different k), cost per request and cost per batch token explain the runs equally well")
+    if "per_request_s" in names and "attention_s_per_context_token" in names:
+        return "per-request vs per-context-token cost: the runs' contexts do not vary enough to separate them"
+    if "draft_fixed_s" in names and "draft_per_position_s" in names:
+        return "the drafter's fixed vs per-position cost: every speculative run drafts the same k"
+    if "eager_s" in names:
+        return "the eager (cliff) cost vs the dense curve above the cliff"
+    return "a mix of " + ", ".join(sorted(names))
+
+
+def unidentified_words(report: FitReport) -> str:
+    ident = report.identification
+    ranges = {r.name: r for r in ident.ranges}
+    loose = [r for r in ident.ranges if r.status in ("not identified", "poorly identified")]
+    if not loose and not ident.null_directions:
+        return "every parameter the runs touch is identified."
+    lines = ["what the runs cannot pin down:"]
+    for direction in ident.null_directions:
+        lines.append(f"  - {_split_words(ranges, direction)}")
+    for r in loose:
+        if r.dense:
+            continue
+        lines.append(f"  - {r.name} {r.status}: {r.reason}; equally good fits range from {_value(r.name, r.low)} "
+                     f"to {_value(r.name, r.high)}")
+    dense = [r.name for r in loose if r.dense]
+    if dense:
+        lines.append(f"  - the dense curve moves with them at {len(dense)} knot(s): {', '.join(dense)}")
+    extrapolated = [r.name for r in ident.ranges if r.status == "extrapolated"]
+    if extrapolated:
+        lines.append(f"  - set by no run (smooth continuation or given): {', '.join(extrapolated)}")
+    alternatives = list(ident.alternatives)
+    if alternatives:
+        lines.append(f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
+                     "experiments.run simulates them too and reports *_low / *_high")
+    return "\n".join(lines)
+
+
+def full_report(report: FitReport) -> str:
+    model = report.model
+    parts = [f"{len(report.runs)} runs from {len({r.source for r in report.runs})} file(s) "
+             f"({config_counts(report.runs)}); dense curve over {model.num_dense} knots "
+             f"{model.knots_tokens[0]:g}..{model.knots_tokens[-1]:g} batch tokens"
+             + (f"; prior: {report.prior_label}" if report.prior_label else ""),
+             residual_table(report), parameter_table(report), unidentified_words(report)]
+    if report.notes:
+        parts.append("notes:\n" + "\n".join(f"  - {n}" for n in report.notes))
+    return "\n\n".join(parts)
