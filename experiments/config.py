@@ -51,7 +51,8 @@ def spec_of(run: RunConfig) -> SimulationSpec:
     return SimulationSpec(
         policy=run.policy.to_spec(),
         profile=load_profile(run.hardware),
-        drafter=run.drafter.to_spec(run.acceptance),
+        drafter=dataclasses.replace(run.drafter.to_spec(), confidence=run.acceptance.confidence.to_spec(),
+                                    difficulty=run.acceptance.difficulty.to_spec()),
         cluster=run.cluster.to_spec(),
         traffic=build_traffic(run.traffic, run.seed),
         duration_s=run.duration_s,

@@ -246,56 +246,45 @@ class AcceptanceConfig:
 PARQUET_MAGIC = b"PAR1"
 
 
-@dataclass
-class DrafterConfig:
-    """``drafter.*``: the drafter kind, its block size gamma and an optional acceptance log to replay."""
-
-    kind: str = "dspark"
-    gamma: int = 7
-    log: str | None = None
-    log_order: str = "auto"
-
-    def __post_init__(self) -> None:
-        _one_of("drafter.kind", self.kind, DRAFTERS)
-        _at_least("drafter.gamma", self.gamma, 0)
-        if self.log is not None:
-            path = Path(self.log).expanduser()
-            if not path.is_file():
-                raise ConfigError(f"drafter.log={self.log}: no such file (an acceptance log, docs/acceptance_logs.md)")
-            with path.open("rb") as f:
-                if f.read(4) != PARQUET_MAGIC:
-                    raise ConfigError(f"drafter.log={self.log}: not a parquet file; an acceptance log is parquet "
-                                      "(docs/acceptance_logs.md)")
-        try:
-            DrafterSpec(kind=self.kind, gamma=self.gamma, log=self.log, log_order=self.log_order)
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-
-    def to_spec(self, acceptance: AcceptanceConfig) -> DrafterSpec:
-        return DrafterSpec(kind=self.kind, gamma=self.gamma, log=self.log, log_order=self.log_order,
-                           confidence=acceptance.confidence.to_spec(), difficulty=acceptance.difficulty.to_spec())
+def _check_drafter(self: Any) -> None:
+    _one_of("drafter.kind", self.kind, DRAFTERS)
+    _at_least("drafter.gamma", self.gamma, 0)
+    if self.log is not None:
+        path = Path(self.log).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"drafter.log={self.log}: no such file (an acceptance log, docs/acceptance_logs.md)")
+        with path.open("rb") as f:
+            if f.read(4) != PARQUET_MAGIC:
+                raise ConfigError(f"drafter.log={self.log}: not a parquet file; an acceptance log is parquet "
+                                  "(docs/acceptance_logs.md)")
 
 
-@dataclass
-class ClusterConfig:
-    """``cluster.*``: decode replicas behind a router, prefill workers, and each replica's admission limits."""
+# ``drafter.*``: DrafterSpec's fields but its acceptance model, which the top-level ``acceptance`` key holds.
+DrafterConfig = mirror(DrafterSpec, "drafter", skip=("confidence", "difficulty"), check=_check_drafter)
 
-    num_decode_engines: int = 1
-    num_prefill_instances: int = 1
-    router: str = "least_loaded"
-    max_concurrency: int = 256
-    kv_capacity_tokens: int = 600_000
 
-    def __post_init__(self) -> None:
-        for key in ("num_decode_engines", "num_prefill_instances", "max_concurrency", "kv_capacity_tokens"):
-            _at_least(f"cluster.{key}", getattr(self, key), 1)
-        _one_of("cluster.router", self.router, get_args(get_type_hints(ClusterSpec)["router"]))
+def _plain_fields(cls: type, skip: tuple[str, ...]) -> tuple[tuple[str, Any, Any], ...]:
+    """``(name, type, default)`` of the plain init fields of ``cls``, for :func:`mirror`'s ``extra``."""
+    hints = get_type_hints(cls)
+    return tuple((f.name, _config_type(hints[f.name])[0], f.default) for f in dataclasses.fields(cls)
+                 if f.init and f.name not in skip)
 
-    def to_spec(self) -> ClusterSpec:
-        return ClusterSpec(num_decode_engines=self.num_decode_engines,
-                           num_prefill_instances=self.num_prefill_instances, router=self.router,
-                           limits=EngineLimits(max_concurrency=self.max_concurrency,
-                                               kv_capacity_tokens=self.kv_capacity_tokens))
+
+_CLUSTER_FIELDS = _plain_fields(ClusterSpec, skip=("limits",))
+
+
+def _check_cluster(self: Any) -> None:
+    for key in ("num_decode_engines", "num_prefill_instances", "max_concurrency", "kv_capacity_tokens"):
+        _at_least(f"cluster.{key}", getattr(self, key), 1)
+
+
+def _build_cluster(self: Any) -> ClusterSpec:
+    return ClusterSpec(**{name: getattr(self, name) for name, _, _ in _CLUSTER_FIELDS},
+                       limits=EngineLimits(**self.spec_fields()))
+
+
+# ``cluster.*``: ClusterSpec's fields with its EngineLimits flattened in (cluster.max_concurrency, ...).
+ClusterConfig = mirror(EngineLimits, "cluster", extra=_CLUSTER_FIELDS, build=_build_cluster, check=_check_cluster)
 
 
 @dataclass
@@ -304,8 +293,8 @@ class RunConfig:
 
     policy: Any = MISSING  # a policy schema (policy_schema), chosen by the policy group
     traffic: Any = MISSING  # SyntheticTrafficConfig or TraceTrafficConfig, chosen by the traffic group
-    drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)  # type: ignore[valid-type]
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # type: ignore[valid-type]
     acceptance: AcceptanceConfig = field(default_factory=AcceptanceConfig)
     hardware: str = "h200_qwen3-8b_analytic"  # a built-in profile name or a profile JSON path
     seed: int = 0

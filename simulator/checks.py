@@ -26,15 +26,19 @@ def _covers(axis: np.ndarray, low: float, high: float) -> bool:
     return bool(axis[0] <= low and high <= axis[-1])
 
 
-def check_profile(profile: HardwareProfile, drafter: str, draft_tokens: int, max_concurrency: int) -> None:
-    """Every table lookup a step can make with 1..``max_concurrency`` requests is inside ``profile``'s tables."""
+def check_profile(profile: HardwareProfile, drafter: str, draft_tokens: int, max_concurrency: int,
+                  token_budget: int | None = None) -> None:
+    """Every table lookup a step can make with 1..``max_concurrency`` requests (and at most ``token_budget``
+    batch tokens, when there is one) is inside ``profile``'s tables."""
     where = f"profile {profile.path}"
     max_batch = max_concurrency * (1 + draft_tokens)
-    if max_batch > profile.max_batch_tokens:
-        raise SpecError(
-            f"{where}: verify.batch_tokens ends at {profile.max_batch_tokens}, but a step can hold {max_batch} "
-            f"batch tokens (cluster.max_concurrency={max_concurrency} x (1 + {draft_tokens} draft tokens)); "
-            "lower cluster.max_concurrency or drafter.gamma, or profile more batch tokens")
+    if max_batch > profile.max_batch_tokens and (token_budget is None or token_budget > profile.max_batch_tokens):
+        held = (f"{max_batch} batch tokens (cluster.max_concurrency={max_concurrency} x (1 + {draft_tokens} draft "
+                "tokens))")
+        if token_budget is not None:
+            held = f"{token_budget} batch tokens (its token budget, cluster.max_num_batched_tokens)"
+        raise SpecError(f"{where}: verify.batch_tokens ends at {profile.max_batch_tokens}, but a step can hold "
+                        f"{held}; lower cluster.max_concurrency or drafter.gamma, or profile more batch tokens")
     if profile.per_request_s is not None and not _covers(profile.per_request_s.x, 1, max_concurrency):
         x = profile.per_request_s.x
         raise SpecError(f"{where}: per_request.num_requests covers {x[0]:g}..{x[-1]:g}, but steps hold "
@@ -71,10 +75,10 @@ def check_context_tables(profile: HardwareProfile, drafter: str, draft_tokens: i
     low, high = context_range(traffic)
     what = "traffic.max_prompt_tokens + traffic.max_output_tokens" if isinstance(traffic, TrafficSpec) else (
         f"the requests of traffic {traffic.source}")
-    attention = getattr(profile, "attention", None)
+    attention = profile.attention
     axes = [] if attention is None else [("attention.context_tokens", attention.x)]
     draft = profile.draft.get(drafter) if draft_tokens else None
-    if draft is not None and getattr(draft, "context_tokens", None) is not None:
+    if draft is not None and draft.context_tokens is not None:
         axes.append((f"draft.{drafter}.context_tokens", draft.context_tokens))
     for name, axis in axes:
         if not _covers(axis, low, high):
@@ -118,7 +122,9 @@ def check_spec(spec: SimulationSpec) -> None:
     if spec.duration_s is None and isinstance(spec.traffic, TrafficSpec) and spec.traffic.arrival == "closed":
         raise SpecError("duration_s=null: closed-loop traffic never ends; set duration_s")
     profiles = [spec.profile] + ([spec.policy_profile] if spec.policy_profile is not None else [])
+    limits = spec.cluster.limits
     for profile in profiles:
-        check_profile(profile, spec.drafter.kind, draft_tokens, spec.cluster.limits.max_concurrency)
+        budget = limits.max_num_batched_tokens or spec.profile.token_budget  # as the engine takes it
+        check_profile(profile, spec.drafter.kind, draft_tokens, limits.max_concurrency, budget)
         check_context_tables(profile, spec.drafter.kind, draft_tokens, spec.traffic)
     check_kv_capacity(spec)

@@ -75,7 +75,7 @@ def message_for(*overrides: str) -> str:
         (["traffic.lengths.chat.output_median_tokens=0"], "traffic.lengths.chat.output_median_tokens=0.0: must be"),
         (["drafter.kind=medusa"], "drafter.kind=medusa: must be one of "),
         (["drafter.log_order=sideways"], "drafter.log_order must be auto, walk or independent"),
-        (["cluster.router=random"], "cluster.router=random: must be one of round_robin, least_loaded"),
+        (["cluster.router=random"], "cluster.router must be round_robin or least_loaded, got 'random'"),
         (["policy=mtp3", "policy.k=4"], "policy.k=4: policy=mtp3 fixes k=3; use policy=mtp policy.k=4"),
         (["policy=mtp", "policy.k=0"], "policy.k must be >= 1, got 0"),
         (["policy=dspark", "policy.staleness_steps=3"], "policy.staleness_steps must be 0, 1 or 2, got 3"),
