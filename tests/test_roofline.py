@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from calibration.models.shapes import default_drafters, get_shape
-from calibration.profiling.analytic import build_profile, main
+from calibration.profiling.analytic import build_document, build_profile, main
 from calibration.profiling.drafter_cost import draft_latency_s
 from calibration.profiling.roofline import GPUS, Assumptions, Roofline, cuda_graph_sizes, gpus_per_replica, verify_grid
 from simulator.profile import load_profile, profile_from_dict
@@ -66,6 +67,15 @@ def test_profile_validates_and_is_labelled_analytic(model: str, gpu: str) -> Non
 def test_builtin_profiles_load(name: str) -> None:
     profile = load_profile(name)
     assert profile.source == "analytic" and "assumptions" in profile.metadata
+
+
+@pytest.mark.parametrize("name", ["h200_qwen3-8b_analytic", "h100_qwen3-8b_analytic", "h200_v4flash-like_analytic"])
+def test_builtin_profiles_are_reproduced_byte_for_byte(name: str, tmp_path) -> None:
+    shipped = Path(load_profile(name).path)
+    meta = json.loads(shipped.read_text())["metadata"]
+    model, gpu = meta["model"], name.split("_")[0]
+    document = build_document(model, gpu, today=datetime.date.fromisoformat(meta["created"]))
+    assert document.write(tmp_path / "p.json").read_bytes() == shipped.read_bytes()
 
 
 def _roofline(model: str = "qwen3-8b", gpu: str = "h200") -> Roofline:

@@ -2,9 +2,13 @@
 
 Every producer - the analytic roofline (:mod:`calibration.profiling.analytic`) and the
 measured profiler (:mod:`calibration.profiling.measure`) - builds a
-:class:`ProfileDocument` from the pieces below. The format name and version come from
-the reader, :mod:`simulator.profile`, which owns the format (what each table means is
-documented there). The order of the fields in the file is fixed here::
+:class:`ProfileDocument` from the pieces below. The reader, :mod:`simulator.profile`,
+owns the format (``docs/profile_format.md`` documents every field): the format name
+comes from it, and the version written is checked against the versions it reads. The
+pieces are the version-1 fields, so a document is stamped version 1, which every
+reader version reads unchanged; a producer that measures the optional version-2
+blocks adds them with ``simulator.costs.blocks``, which stamps version 2. The order of
+the fields in the file is fixed here::
 
     format, version, metadata, gpus_per_replica, verify, per_request, draft, prefill, scheduler
 
@@ -19,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from simulator.profile import PROFILE_FORMAT, PROFILE_VERSION
+from simulator.profile import PROFILE_FORMAT, READABLE_VERSIONS
 
 ProfileSource = Literal["analytic", "measured"]
+DOCUMENT_VERSION = 1  # the version whose fields the pieces below are (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -115,9 +120,12 @@ class ProfileDocument:
 
     def to_dict(self) -> dict[str, Any]:
         """The profile dictionary in the simulator's format (``simulator.profile.profile_from_dict`` reads it)."""
+        if DOCUMENT_VERSION not in READABLE_VERSIONS:
+            raise ValueError(f"the reader no longer reads version {DOCUMENT_VERSION} profiles "
+                             f"(it reads {READABLE_VERSIONS}); the pieces here need updating")
         return {
             "format": PROFILE_FORMAT,
-            "version": PROFILE_VERSION,
+            "version": DOCUMENT_VERSION,
             "metadata": self.metadata.to_dict(),
             "gpus_per_replica": self.gpus_per_replica,
             "verify": self.verify.to_dict(),
