@@ -8,9 +8,10 @@ simulator's own specs, so that their checks run too. Every failure is a
 :class:`ConfigError` whose message names the key, the value and what is valid.
 
 Schemas are built from the dataclasses the simulator already has
-(:func:`mirror`): the policy dataclasses of :func:`policies.policy_classes`,
-``TrafficSpec``, ``ReplayOptions``, ``ConfidenceSpec`` and ``DifficultySpec``,
-with ``Literal`` fields checked against their allowed values. The ``policy``
+(:func:`experiments.mirror.mirror`): the policy dataclasses of
+:func:`policies.policy_classes`, ``TrafficSpec``, ``ReplayOptions``,
+``DrafterSpec``, ``EngineLimits`` and ``ClusterSpec``, ``ConfidenceSpec`` and
+``DifficultySpec``, with ``Literal`` fields checked against their allowed values. The ``policy``
 and ``traffic`` groups hold different keys per option, so each option's yaml
 names its schema in its defaults list (``/schema/policy/<name>@_here_``); a new
 policy gets its schema from its dataclass, with nothing to add here.
@@ -19,16 +20,15 @@ policy gets its schema from its dataclass, with nothing to add here.
 import dataclasses
 import functools
 import math
-import types
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from experiments.mirror import ConfigError, mirror, one_of, open_mappings, plain_fields
 from policies import Policy, make_policy, policy_classes
 from simulator import ClusterSpec, ConfidenceSpec, DifficultySpec, DrafterSpec, EngineLimits
 from simulator.acceptance.presets import DRAFTERS
@@ -37,10 +37,6 @@ from traces.load import SAMPLES
 from traces.replay import ReplayOptions
 from traces.synthetic import TrafficSpec
 from traces.workload import DOMAINS
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; the message names the key, the value and what is valid."""
 
 
 def _at_least(key: str, value: float, low: float) -> None:
@@ -52,121 +48,6 @@ def _finite_above(key: str, value: float, low: float, inclusive: bool = False) -
     ok = value >= low if inclusive else value > low
     if not (math.isfinite(value) and ok):
         raise ConfigError(f"{key}={value}: must be a finite number {'>=' if inclusive else '>'} {low:g}")
-
-
-def _one_of(key: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key}={value}: must be one of {', '.join(map(str, allowed))}")
-
-
-# ---------------------------------------------------------------- schemas from existing dataclasses
-
-
-def _config_type(hint: Any) -> tuple[Any, tuple | None]:
-    """The type OmegaConf checks for a field annotated ``hint`` and, for a ``Literal``, its allowed values."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Literal:
-        return type(args[0]), args
-    if origin in (Union, types.UnionType):
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            inner, allowed = _config_type(rest[0])
-            return inner | None, allowed
-        return Any, None
-    if origin in (dict, Mapping):
-        return dict[str, _config_type(args[1])[0]], None  # type: ignore[misc]
-    if dataclasses.is_dataclass(hint):
-        return mirror(hint, ""), None  # type: ignore[arg-type]
-    return (hint, None) if hint in (int, float, str, bool) else (Any, None)
-
-
-def _as_config(value: Any) -> Any:
-    """A default value as its schema holds it: dataclass values become their mirrors."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return mirror(type(value), "")(**{f.name: _as_config(getattr(value, f.name))
-                                           for f in dataclasses.fields(value) if f.init})
-    if isinstance(value, Mapping):
-        return {k: _as_config(v) for k, v in value.items()}
-    return value
-
-
-def _as_spec(value: Any) -> Any:
-    """A validated config value as the simulator takes it: mirrors become the dataclasses they mirror."""
-    if hasattr(value, "to_spec"):
-        return value.to_spec()
-    if isinstance(value, Mapping):
-        return {k: _as_spec(v) for k, v in value.items()}
-    return value
-
-
-def _null_mapping(f: dataclasses.Field, hint: Any) -> bool:
-    """An optional mapping that defaults to None (ReplayOptions.domain_map)."""
-    rest = [a for a in get_args(hint) if a is not type(None)]
-    return f.default is None and len(rest) == 1 and get_origin(rest[0]) in (dict, Mapping)
-
-
-def _default(f: dataclasses.Field, hint: Any) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-        if isinstance(value, Mapping) and not all(dataclasses.is_dataclass(v) for v in value.values()):
-            # A yaml's mapping merges into the schema's (keys add up), so a plain mapping such as
-            # domain_mix has no schema default: each option's yaml states it whole.
-            return field(default=MISSING)
-        return field(default_factory=functools.partial(lambda make: _as_config(make()), f.default_factory))
-    if f.default is dataclasses.MISSING:
-        return field(default=MISSING)
-    if _null_mapping(f, hint):
-        # An override cannot merge into a null mapping (traffic.domain_map={a: b} would fail), so the schema
-        # starts it empty, and an empty mapping stands for None again (spec_fields).
-        return field(default_factory=dict)
-    if dataclasses.is_dataclass(f.default) or isinstance(f.default, Mapping):
-        return field(default_factory=functools.partial(_as_config, f.default))
-    return field(default=f.default)
-
-
-@functools.cache
-def mirror(cls: type, where: str, skip: tuple[str, ...] = (), extra: tuple[tuple[str, Any, Any], ...] = (),
-           build: Callable[[Any], Any] | None = None, check: Callable[[Any], None] | None = None) -> type:
-    """A mutable dataclass with the init fields of ``cls`` (less ``skip``) in types OmegaConf knows, after the
-    ``extra`` fields ``(name, type, default)``.
-
-    Instantiating it (``OmegaConf.to_object``) checks ``Literal`` fields against their values, runs ``check``
-    and builds the real value (``cls(**self.spec_fields())``, or ``build(self)``) so that ``cls``'s own checks
-    run; any error is a :class:`ConfigError` that starts with ``where``. ``to_spec()`` returns the real value.
-    """
-    hints = get_type_hints(cls)
-    own = [f for f in dataclasses.fields(cls) if f.init and f.name not in skip]
-    allowed = {f.name: _config_type(hints[f.name])[1] for f in own}
-    null_mappings = {f.name for f in own if _null_mapping(f, hints[f.name])}
-    fields_ = [(name, tp, field(default=default)) for name, tp, default in extra]
-    fields_ += [(f.name, _config_type(hints[f.name])[0], _default(f, hints[f.name])) for f in own]
-
-    def spec_fields(self: Any) -> dict[str, Any]:
-        """The mirrored fields as ``cls`` takes them."""
-        values = {f.name: _as_spec(getattr(self, f.name)) for f in own}
-        return {k: None if k in null_mappings and not v else v for k, v in values.items()}
-
-    def to_spec(self: Any) -> Any:
-        return cls(**spec_fields(self)) if build is None else build(self)
-
-    def __post_init__(self: Any) -> None:
-        for name, values in allowed.items():
-            value = getattr(self, name)
-            if values is not None and value is not None:
-                _one_of(f"{where}.{name}", value, values)
-        if check is not None:
-            check(self)
-        try:
-            to_spec(self)
-        except ConfigError:
-            raise
-        except (ValueError, TypeError) as err:
-            message = str(err)
-            raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from err
-
-    namespace = {"spec_fields": spec_fields, "to_spec": to_spec, "__post_init__": __post_init__,
-                 "__module__": __name__}
-    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields_, namespace=namespace)
 
 
 # ---------------------------------------------------------------- policies
@@ -213,9 +94,9 @@ SyntheticTrafficConfig = mirror(TrafficSpec, "traffic", extra=(("name", str, "sy
 
 
 def _check_trace(self: Any) -> None:
-    _one_of("traffic.arrival", self.arrival, ("trace",))
+    one_of("traffic.arrival", self.arrival, ("trace",))
     if self.format is not None:
-        _one_of("traffic.format", self.format, FORMATS)
+        one_of("traffic.format", self.format, FORMATS)
     if self.trace not in SAMPLES and not Path(self.trace).expanduser().is_file():
         raise ConfigError(f"traffic.trace={self.trace}: no such file, and not a shipped sample "
                           f"({', '.join(SAMPLES)})")
@@ -247,7 +128,7 @@ PARQUET_MAGIC = b"PAR1"
 
 
 def _check_drafter(self: Any) -> None:
-    _one_of("drafter.kind", self.kind, DRAFTERS)
+    one_of("drafter.kind", self.kind, DRAFTERS)
     _at_least("drafter.gamma", self.gamma, 0)
     if self.log is not None:
         path = Path(self.log).expanduser()
@@ -263,14 +144,7 @@ def _check_drafter(self: Any) -> None:
 DrafterConfig = mirror(DrafterSpec, "drafter", skip=("confidence", "difficulty"), check=_check_drafter)
 
 
-def _plain_fields(cls: type, skip: tuple[str, ...]) -> tuple[tuple[str, Any, Any], ...]:
-    """``(name, type, default)`` of the plain init fields of ``cls``, for :func:`mirror`'s ``extra``."""
-    hints = get_type_hints(cls)
-    return tuple((f.name, _config_type(hints[f.name])[0], f.default) for f in dataclasses.fields(cls)
-                 if f.init and f.name not in skip)
-
-
-_CLUSTER_FIELDS = _plain_fields(ClusterSpec, skip=("limits",))
+_CLUSTER_FIELDS = plain_fields(ClusterSpec, skip=("limits",))
 
 
 def _check_cluster(self: Any) -> None:
@@ -314,26 +188,14 @@ class RunConfig:
                               "(the metrics window is duration_s - warmup_s)")
 
 
-def _open_mappings(schema: type) -> DictConfig:
-    """``schema`` as a config whose mappings of plain values (``domain_mix``, ``domain_map``) take new keys
-    without a ``+`` (``traffic.domain_map.support=chat``); Hydra makes every other node strict."""
-    node = OmegaConf.structured(schema)
-    for f in dataclasses.fields(schema):
-        hint = f.type
-        args = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is types.UnionType else [hint]
-        if len(args) == 1 and get_origin(args[0]) is dict and not dataclasses.is_dataclass(get_args(args[0])[1]):
-            OmegaConf.set_struct(node._get_node(f.name), False)  # type: ignore[arg-type]
-    return node
-
-
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (``config.yaml`` and the group yamls refer to them)."""
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     for name in policy_classes():
         store.store(group="schema/policy", name=name, node=policy_schema(name))
-    store.store(group="schema/traffic", name="synthetic", node=_open_mappings(SyntheticTrafficConfig))
-    store.store(group="schema/traffic", name="trace", node=_open_mappings(TraceTrafficConfig))
+    store.store(group="schema/traffic", name="synthetic", node=open_mappings(SyntheticTrafficConfig))
+    store.store(group="schema/traffic", name="trace", node=open_mappings(TraceTrafficConfig))
 
 
 register_configs()
