@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments.collect import SweepError, collect, load_sweep, main
+from experiments.collect import SweepError, collect, load_latencies, load_sweep, main
 from experiments.config import build_spec
 from experiments.frontier import (
     THROUGHPUT,
@@ -26,7 +26,8 @@ from experiments.frontier import (
     throughput_at_sla,
     user_speed_at_throughput,
 )
-from experiments.sweep_table import parse_overrides, sweep_frame, sweep_row
+from experiments.plots import provenance, without_local_paths
+from experiments.sweep_table import parse_overrides, sweep_frame, sweep_row, window_latencies
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "experiments" / "conf"
@@ -225,6 +226,80 @@ def test_collect_cli_exits_with_the_error(tmp_path, capsys):
     assert "no summary.json found" in capsys.readouterr().err
 
 
+# ---------------------------------------------------------------- provenance stamps and latency CDFs
+
+
+def _with_run_record(summary: dict, revision: str | None) -> dict:
+    """A summary as experiments.run now writes it: window and code revision recorded."""
+    record = {"window_s": 4.0, "window_start_at": 1.0, "window_end_at": 5.0}
+    if revision is not None:
+        record["code_revision"] = {"commit": f"{revision}0000", "describe": revision, "dirty": False}
+    return {**summary, **record}
+
+
+@pytest.mark.parametrize("revisions, text", [
+    (["abc1234"] * 2, "rev abc1234"),
+    (["abc1234", "def5678-dirty"], "revs differ: abc1234, def5678-dirty"),
+    (["abc1234", None], "rev abc1234 + unrecorded"),  # one run from before summaries recorded revisions
+    ([None, None], "rev not recorded"),
+])
+def test_figures_are_stamped_with_the_runs_revisions(revisions, text):
+    config = {"traffic": {"name": "chat", "arrival": "closed", "num_users": 4}, "cluster": {"num_decode_engines": 1}}
+    rows = [sweep_row(str(i), _with_run_record(_summary("mtp", {"k": 1}), rev), config, []) for i, rev in
+            enumerate(revisions)]
+    assert provenance(sweep_frame(rows)) == f"profile: p (analytic) | {text}"
+
+
+def test_figure_text_never_shows_a_local_path():
+    assert without_local_paths("traffic: /home/me/traces/burst.csv") == "traffic: burst.csv"
+    assert without_local_paths("a (~/p/h200.json) and C:\\data\\x.jsonl") == "a (h200.json) and x.jsonl"
+    assert without_local_paths("SLA 80 tok/s/user") == "SLA 80 tok/s/user"
+
+
+def test_sweep_table_flattens_the_revision_and_leaves_the_config_out():
+    summary = {**_with_run_record(_summary("mtp", {"k": 1}), "abc1234"), "config": {"seed": 0},
+               "traffic_source": {"kind": "synthetic", "spec": {"arrival": "closed"}}}
+    row = sweep_row("0", summary, {"cluster": {"num_decode_engines": 1}}, [])
+    assert row["code_revision_describe"] == "abc1234" and row["code_revision_dirty"] is False
+    assert "config" not in row and json.loads(row["traffic_source"])["spec"] == {"arrival": "closed"}
+
+
+def _requests_table(first_token_at: list[float], finished_at: list[float]) -> pd.DataFrame:
+    first, done = np.array(first_token_at), np.array(finished_at)
+    return pd.DataFrame({"first_token_at": first, "finished_at": done, "ttft_s": first - 0.5,
+                         "tpot_s": (done - first) / 10, "other": 0})
+
+
+def test_window_latencies_take_the_summarys_populations():
+    table = _requests_table([0.9, 1.5, 2.0, 4.0, 5.5], [2.0, 3.0, np.nan, 6.0, np.nan])
+    latencies = window_latencies(table, start_at=1.0, end_at=5.0)
+    # first tokens in (1, 5]: 1.5, 2.0, 4.0; finishes in (1, 5]: 2.0 (first token at 0.9), 3.0.
+    assert latencies["ttft_s"].tolist() == pytest.approx([np.nan, 1.0, 1.5, 3.5], nan_ok=True)
+    assert latencies["tpot_s"].tolist() == pytest.approx([0.11, 0.15, np.nan, np.nan], nan_ok=True)
+
+
+def test_collect_draws_latency_cdfs_and_names_runs_without_request_tables(tmp_path):
+    root = tmp_path / "sweep"
+    for i, k in enumerate((1, 5, 3)):  # one load: no frontier, but CDFs all the same
+        write_job(root, str(i), _with_run_record(_summary("mtp", {"k": k}), "abc1234"))
+    for i in (0, 2):
+        _requests_table([1.5, 2.0, 3.0], [2.5, 4.0, np.nan]).to_parquet(root / str(i) / "requests.parquet")
+    written, report = collect(root, tmp_path / "out")
+    assert {"latency_cdf.png", "latency_cdf.svg"} <= {p.name for p in written}
+    assert "1 of 3 runs have no requests.parquet (run with write_tables=true) or no window in their summary, " \
+           "so the latency CDFs leave them out: 1" in report
+    latencies, missing = load_latencies(root, load_sweep(root))
+    assert missing == ["1"] and sorted(latencies["policy_label"].unique()) == ["mtp1", "mtp3"]
+    assert latencies["ttft_s"].notna().sum() == 6 and latencies["tpot_s"].notna().sum() == 4
+
+
+def test_collect_says_when_no_run_kept_its_request_table(tmp_path):
+    write_job(tmp_path, "0", _with_run_record(_summary("mtp", {"k": 1}), "abc1234"))
+    written, report = collect(tmp_path, tmp_path / "out")
+    assert "no TTFT/TPOT CDFs: no run wrote its request table" in report
+    assert "latency_cdf.png" not in {p.name for p in written}
+
+
 # ---------------------------------------------------------------- presets compose
 
 
@@ -276,6 +351,8 @@ def test_small_sweep_collects_into_tables_and_figures(small_sweep, tmp_path):
     assert sorted(table["num_users"].unique()) == list(CONCURRENCY)
     assert set(table["override.policy"]) == {"mtp1", "dspark"}
     assert "| 80 | dspark |" in report
+    assert {"latency_cdf.png", "latency_cdf.svg"} <= {p.name for p in written}
+    assert set(table["code_revision_describe"]) == {table["code_revision_describe"].iloc[0]}  # one checkout
 
 
 def test_small_sweep_shows_the_production_shapes(small_sweep):
@@ -296,7 +373,7 @@ def test_small_sweep_shows_the_production_shapes(small_sweep):
 def test_collect_is_deterministic(small_sweep, tmp_path):
     collect(small_sweep, tmp_path / "a", baseline="mtp1")
     collect(small_sweep, tmp_path / "b", baseline="mtp1")
-    for name in ("sweep.csv", "sla_table.md", "frontier.svg", "load.svg"):
+    for name in ("sweep.csv", "sla_table.md", "frontier.svg", "load.svg", "latency_cdf.svg"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
