@@ -155,7 +155,10 @@ def padding_cost(query_tokens: int, short_s: dict[int, float], probes: dict[int,
     return max(0.0, slope)
 
 
-def served_models(cfg: ProfileConfig, gen: torch.Generator) -> tuple[Verifier, Callable[[str], Drafter]]:
+ServedModels = tuple[Verifier, Callable[[str], Drafter]]  # the verifier and a drafter factory (kind -> drafter)
+
+
+def served_models(cfg: ProfileConfig, gen: torch.Generator) -> ServedModels:
     """The verifier and a drafter factory of ``cfg``: random weights of the preset, or the trained checkpoints."""
     device, dtype = torch.device(cfg.device), DTYPES[cfg.dtype]
     if cfg.checkpoints is not None:
@@ -164,12 +167,10 @@ def served_models(cfg: ProfileConfig, gen: torch.Generator) -> tuple[Verifier, C
     model = build_verifier(cfg.preset, gen, device, dtype)
     return model, lambda kind: build_drafter(kind, model, gen, max_depth=max(cfg.draft_tokens))
 
-Models = tuple[Verifier, Callable[[str], Drafter]]  # the verifier and a drafter factory (kind -> drafter)
-
 
 @torch.inference_mode()
 def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None,
-            on_total: Callable[[int], None] = lambda _: None, models: Models | None = None) -> dict[str, Any]:
+            on_total: Callable[[int], None] = lambda _: None, models: ServedModels | None = None) -> dict[str, Any]:
     """Run every timing of ``cfg`` and return the profile dictionary (simulator format).
 
     ``on_total`` hears the number of points once the grids are final, ``on_point`` each point as it starts.
