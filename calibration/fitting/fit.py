@@ -62,16 +62,18 @@ class Problem:
         """Best theta and its chi-square; with ``fixed = (c, v)``, the best theta with ``c @ theta = v`` (held by a
         row of weight :data:`HOLD_WEIGHT`, whose own residual is left out of the returned chi-square)."""
         matrix, rhs = self.matrix, self.rhs
-        if fixed is not None:
-            vec, value = fixed
-            size = np.linalg.norm(vec)
-            matrix = np.vstack([matrix, HOLD_WEIGHT * vec / size])
-            rhs = np.append(rhs, HOLD_WEIGHT * value / size)
         scale = np.linalg.norm(matrix, axis=0)
         scale[scale == 0] = 1.0
+        scaled = matrix / scale  # unit columns: the hold row below outweighs every column alike
+        if fixed is not None:
+            vec, value = fixed
+            unit = vec / scale
+            size = np.linalg.norm(unit)
+            scaled = np.vstack([scaled, HOLD_WEIGHT * unit / size])
+            rhs = np.append(rhs, HOLD_WEIGHT * value / size)
         lower = np.zeros(matrix.shape[1])
         lower[0] = MIN_DENSE_S * scale[0]  # the dense curve's first value: a step never costs nothing
-        result = lsq_linear(matrix / scale, rhs, bounds=(lower, np.inf), method="bvls", tol=1e-12)
+        result = lsq_linear(scaled, rhs, bounds=(lower, np.inf), method="bvls", tol=1e-12)
         theta = result.x / scale
         return theta, self.chi2(theta)
 

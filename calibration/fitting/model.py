@@ -116,9 +116,11 @@ class CostModel:
         """[N, K] hat-function values: dense(B) = hats(B) @ dense_values. Errors outside the knots."""
         b = np.asarray(batch_tokens, dtype=np.float64)
         knots = self.knots_tokens
-        if b.size and (b.min() < knots[0] - 1e-9 or b.max() > knots[-1] + 1e-9):
+        tolerance = 1e-6 * knots[-1]  # a batch estimated as 32.0000001 is the knot at 32
+        if b.size and (b.min() < knots[0] - tolerance or b.max() > knots[-1] + tolerance):
             raise ValueError(f"batch tokens {b.min():g}..{b.max():g} lie outside the dense grid "
                              f"{knots[0]:g}..{knots[-1]:g}")
+        b = np.clip(b, knots[0], knots[-1])
         out = np.zeros((b.size, knots.size))
         j = np.clip(np.searchsorted(knots, b, side="right") - 1, 0, knots.size - 2)
         frac = (b - knots[j]) / (knots[j + 1] - knots[j])
@@ -193,7 +195,7 @@ def default_knots(batch_tokens: np.ndarray, num_knots: int, max_batch_tokens: in
     ``num_knots`` log-spaced sizes over the observed range; then doublings up to ``max_batch_tokens`` (set by the
     smoothness assumption alone: no run is there) and the cliff."""
     observed = np.unique(np.maximum(np.round(batch_tokens), 1.0))
-    top = float(np.ceil(np.max(batch_tokens)))
+    top = float(np.ceil(np.max(batch_tokens) * (1 - 1e-7)))  # not one more knot for 32.0000001
     if observed.size <= num_knots:
         knots = set(observed.tolist())
     else:

@@ -5,9 +5,10 @@
 by at least :data:`CONTEXT_SPREAD`; the drafter is fitted when there are
 speculative runs and no known drafter cost; the cliff is stated, detected
 (``detect_cliff``) or absent. The profile's central parameters are the mean of
-the alternative fits at the ends of every unidentified range (a fit as good as
-they are: the objective is convex), or the best fit when everything is
-identified.
+the alternative fits at the ends of the ranges that are not identified (along
+a null direction the best fit is an arbitrary point; the mean of the ends is
+as good a fit, the objective being convex), or the best fit when no range is
+``not identified``.
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     best = fit(model, obs, options)
     notes += best.notes
     identification = identify(best)
-    alternatives = list(identification.alternatives.values())
-    central = np.mean(alternatives, axis=0) if alternatives else best.theta
+    unidentified = {r.name for r in identification.ranges if r.status == "not identified"}
+    ends = [theta for name, theta in identification.alternatives.items() if name.rsplit(".", 1)[0] in unidentified]
+    central = np.mean(ends, axis=0) if ends else best.theta
     return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes)
 
 

@@ -53,6 +53,7 @@ import torch
 from calibration.profiling.measure import device_name
 from calibration.profiling.profile_file import write_profile
 from calibration.serving.loop import ServingModels, ServingSpec, serve
+from calibration.validation.bench_export import write_benchmark
 from calibration.validation.report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
 from calibration.validation.setup import (
     Models,
@@ -244,6 +245,8 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
         for what in ("requests", "steps"):
             tables = [getattr(part, what).assign(slice=i) for i, part in enumerate(real)]
             pd.concat(tables, ignore_index=True).to_parquet(out / f"real_{policy}_u{users}_{what}.parquet")
+    # Benchmark mode: the static points as vLLM JSON and CSV results (bench/), what calibration.fit_profile reads.
+    paths.update(write_benchmark(result.real, result.config.drafter, result.config.gamma, result.models, out / "bench"))
     return paths
 
 

@@ -1,0 +1,185 @@
+"""Fitted profiles against the real loop: fit from no speculation plus mtp1/mtp3, predict mtp7, greedy and dspark.
+
+    python -m calibration.validation.heldout --models trained --domain mixed --users 1,2,4,8 --duration-s 6 \\
+        --rounds 3 --nice -15 --out outputs/heldout
+
+The path a user takes, tested end to end on our own ground truth:
+
+1. **real runs** of ``none, mtp1, mtp3, mtp7, greedy, dspark`` at every user count, exactly as
+   ``python -m calibration.validate`` runs them (its options; rounds of slices interleaved with
+   profile passes; the machine-drift probe around every slice);
+2. the static points written as **benchmark results** (vLLM JSON and CSV,
+   :mod:`calibration.validation.bench_export`);
+3. a profile **fitted** from the ``none``, ``mtp1`` and ``mtp3`` files only
+   (:mod:`calibration.fitting`), its dense curve extended to the largest batch the held-out
+   policies reach (no run is there: the smooth continuation), its ``scheduler`` block copied
+   from this machine's measured profile (benchmark sweeps cannot see a decision's cost);
+4. every point **simulated** with the fitted profile and with each of its alternatives (the
+   acceptance logs, slices, seeds and the real loop's pricing profile of the validation), and
+   compared with the real loop: error of the central prediction and whether the interval over
+   the alternatives covers the real value.
+
+Writes the validation's outputs plus ``bench/`` (the benchmark files), ``fitted_profile.json``,
+``heldout.csv`` and ``heldout.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.fitting.export import ExportOptions, profiles
+from calibration.fitting.pipeline import FitConfig, FitReport, fit_runs
+from calibration.fitting.readers import read_results
+from calibration.fitting.report import full_report
+from calibration.validation.report import point_row, pooled_summary
+from calibration.validation.setup import ValidationConfig, simulator_setup
+from calibration.validation.validate import Validation, parse_args, run_validation, write_outputs
+from policies import make_policy
+from simulator import ClusterSpec, SimulationSpec, simulate
+from simulator.acceptance.logs import write_log
+from simulator.profile import HardwareProfile, profile_from_dict
+
+FIT_POLICIES = ("none", "mtp1", "mtp3")
+HELD_OUT_POLICIES = ("mtp7", "greedy", "dspark")
+WITHIN = 0.05  # a held-out point passes within 5% of the real value, or when the interval covers it
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    validation: Validation
+    report: FitReport
+    profile: dict[str, Any]  # the fitted profile (alternatives in metadata.fit.alternatives)
+    table: pd.DataFrame  # one row per point
+
+
+def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: HardwareProfile,
+                        created: str) -> tuple[FitReport, dict[str, Any]]:
+    """Fit from the none/mtp1/mtp3 rows of the benchmark CSV; the scheduler block comes from ``measured``."""
+    allowed = {make_policy(p).draft_tokens(cfg.gamma) for p in FIT_POLICIES}
+    runs = [r for r in read_results([bench_csv]) if r.num_speculative_tokens in allowed]
+    report = fit_runs(runs, FitConfig(max_batch_tokens=max(cfg.users) * (1 + cfg.gamma), drafter_kind=cfg.drafter))
+    options = ExportOptions(device=str(measured.metadata.get("device", "cpu")), model=str(runs[0].label),
+                            drafter_kind=cfg.drafter, max_requests=max(cfg.users) + 1, max_draft_tokens=cfg.gamma,
+                            max_context_tokens=cfg.max_prompt_tokens + cfg.max_output_tokens, created=created)
+    data = profiles(report, options)
+    scheduler = measured.raw["scheduler"]
+    data["scheduler"] = scheduler
+    for alternative in data["metadata"]["fit"]["alternatives"].values():
+        alternative["scheduler"] = scheduler
+    data["metadata"]["scheduler_note"] = ("scheduler block copied from this machine's measured profile: "
+                                          "benchmark sweeps cannot see a decision's cost")
+    profile_from_dict(data, "<held-out fitted profile>")
+    return report, data
+
+
+def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: HardwareProfile,
+                    logs: dict[int, Path], pricing: HardwareProfile) -> dict[str, Any]:
+    """The simulator's pooled summary of one point's slices with ``profile`` (as the validation simulates)."""
+    name, users = point
+    policy = make_policy(name)
+    num_draft = max(policy.draft_tokens(cfg.gamma), 1)
+    log = logs[num_draft] if num_draft in logs else logs[max(logs)]
+    sim_profile, drafter, pricing_profile = simulator_setup(cfg, profile, log, num_draft, pricing)
+    slices = [simulate(SimulationSpec(
+        policy=policy, profile=sim_profile, drafter=drafter,
+        cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits()),
+        traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s, seed=cfg.seed + k,
+        policy_profile=pricing_profile)) for k in range(cfg.rounds)]
+    return pooled_summary(slices) if len(slices) > 1 else slices[0].summary
+
+
+def _row(point: tuple[str, int], central: dict[str, Any], alternatives: list[dict[str, Any]],
+         real: dict[str, Any], drift: float) -> dict[str, Any]:
+    name, users = point
+    row = point_row(name, users, central, real, drift)
+    row["role"] = "fitted from" if name in FIT_POLICIES else "held out"
+    for metric, path in (("throughput", ("output_tokens_per_s",)), ("tpu_mean", ("tokens_per_s_per_user", "mean"))):
+        values = np.array([row[f"{metric}_sim"]] + [_read(a, path) for a in alternatives])
+        missing = bool(np.isnan(values).any())  # a run too short to finish a request has no tok/s/user
+        low, high = (np.nan, np.nan) if missing else (float(values.min()), float(values.max()))
+        real_value = row[f"{metric}_real"]
+        row[f"{metric}_low"], row[f"{metric}_high"] = low, high
+        row[f"{metric}_covered"] = bool(low <= real_value <= high)
+        row[f"{metric}_pass"] = bool(abs(row[f"{metric}_err"]) <= WITHIN or row[f"{metric}_covered"])
+    return row
+
+
+def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = summary
+    for key in path:
+        value = value[key]
+    return float("nan") if value is None else float(value)
+
+
+def run_heldout(cfg: ValidationConfig, out: Path, progress: Callable[[str], None], created: str) -> HeldOut:
+    cfg = replace(cfg, policies=FIT_POLICIES + HELD_OUT_POLICIES)
+    validation = run_validation(cfg, progress)
+    write_outputs(validation, out)  # the validation's own outputs, bench/ included
+    logs = {g: write_log(log, out / f"acceptance_log_g{g}.parquet") for g, log in validation.logs.items()}
+    progress("fitting a profile to the none/mtp1/mtp3 benchmark results")
+    report, data = fit_from_benchmarks(out / "bench" / "runs.csv", cfg, validation.profile, created)
+    central = profile_from_dict(data, str(out / "fitted_profile.json"))
+    alternatives = [profile_from_dict(a, f"alternative {n}")
+                    for n, a in data["metadata"]["fit"]["alternatives"].items()]
+    drifts = dict(zip(zip(validation.table["policy"], validation.table["num_users"], strict=True),
+                      validation.table["machine_drift"], strict=True))
+    rows = []
+    for point, slices in validation.real.items():
+        progress(f"{point[0]} users={point[1]}: simulating with the fitted profile and its alternatives")
+        real = pooled_summary(slices) if len(slices) > 1 else slices[0].summary
+        sims = [_simulate_point(cfg, point, p, logs, validation.profile) for p in [central, *alternatives]]
+        rows.append(_row(point, sims[0], sims[1:], real, float(drifts[point])))
+    return HeldOut(validation, report, data, pd.DataFrame(rows))
+
+
+def markdown(table: pd.DataFrame) -> str:
+    header = ["policy", "users", "role", "machine drift", "throughput real", "predicted [interval]", "error",
+              "tok/s/user real", "predicted [interval]", "error", "pass"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in table.to_dict("records"):
+        cells = [row["policy"], str(row["num_users"]), row["role"], f"{100 * row['machine_drift']:+.1f}%"]
+        for metric in ("throughput", "tpu_mean"):
+            cells += [f"{row[f'{metric}_real']:.1f}",
+                      f"{row[f'{metric}_sim']:.1f} [{row[f'{metric}_low']:.1f}, {row[f'{metric}_high']:.1f}]",
+                      f"{100 * row[f'{metric}_err']:+.1f}%" + (" (covered)" if row[f"{metric}_covered"] else "")]
+        cells.append("yes" if row["throughput_pass"] and row["tpu_mean_pass"] else "NO")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_lines(table: pd.DataFrame) -> list[str]:
+    held = table[table["role"] == "held out"]
+    lines = []
+    for metric, label in (("throughput", "throughput"), ("tpu_mean", "tok/s/user")):
+        err = held[f"{metric}_err"].abs() * 100
+        lines.append(f"held out, {label}: mean |error| {err.mean():.1f}%, worst {err.max():.1f}%, "
+                     f"{int(held[f'{metric}_pass'].sum())}/{len(held)} points within {100 * WITHIN:.0f}% or covered")
+    drift = table["machine_drift"].abs() * 100
+    lines.append(f"machine drift (reference probe around the real slices vs during profiling): mean |drift| "
+                 f"{drift.mean():.1f}%, worst {drift.max():.1f}%")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> HeldOut:
+    cfg, out = parse_args(argv)
+    created = str(np.datetime64("today"))
+    result = run_heldout(cfg, out, lambda msg: print(msg, file=sys.stderr, flush=True), created)
+    (out / "fitted_profile.json").write_text(json.dumps(result.profile, indent=1) + "\n")
+    result.table.to_csv(out / "heldout.csv", index=False)
+    text = "\n\n".join([full_report(result.report), markdown(result.table), "\n".join(summary_lines(result.table))])
+    (out / "heldout.md").write_text(text + "\n")
+    (out / "heldout_config.json").write_text(json.dumps(asdict(result.validation.config), indent=1) + "\n")
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

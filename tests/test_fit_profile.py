@@ -1,0 +1,279 @@
+"""Profiles fitted from benchmark results: readers, recovery of known costs, identifiability, intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.fitting.cli import main as fit_main
+from calibration.fitting.export import ExportOptions, profiles
+from calibration.fitting.model import DrafterCost
+from calibration.fitting.pipeline import FitConfig, fit_runs
+from calibration.fitting.readers import read_results
+from calibration.fitting.runs import ResultsError, observe
+from calibration.fitting.synthetic import SyntheticPoint, synthetic_run
+from calibration.fitting.writers import write_csv, write_sglang, write_vllm
+from experiments.intervals import with_intervals
+from policies import make_policy
+from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
+from simulator.profile import profile_from_dict
+from traces.synthetic import TrafficSpec
+
+# ---------------------------------------------------------------- a known profile and runs computed from it
+
+DENSE_FIXED_S, DENSE_PER_TOKEN_S = 4e-3, 10e-6
+PER_REQUEST_S, ATTENTION_S = 30e-6, 20e-9
+DRAFT_FIXED_S, DRAFT_PER_POSITION_S = 0.2e-3, 0.4e-3
+CONTEXT_TOP = 100_000
+
+
+def known_profile(cliff: tuple[int, float] | None = None):
+    """Linear dense part, per-request and per-context-token costs, a fixed + per-position drafter."""
+    top = 1024
+    data = {
+        "format": "specsched-hardware-profile", "version": 2,
+        "metadata": {"source": "analytic", "device": "test", "model": "known", "created": "2025-01-01",
+                     "tool": "test"},
+        "gpus_per_replica": 1,
+        "verify": {"batch_tokens": [1, top], "step_s": [DENSE_FIXED_S + DENSE_PER_TOKEN_S,
+                                                        DENSE_FIXED_S + DENSE_PER_TOKEN_S * top]},
+        "per_request": {"num_requests": [1, 512], "step_s": [PER_REQUEST_S, PER_REQUEST_S * 512]},
+        "attention": {"context_tokens": [0, CONTEXT_TOP], "query_tokens": [1, 16],
+                      "per_request_s": [[0.0, 0.0], [ATTENTION_S * CONTEXT_TOP] * 2]},
+        "draft": {"mtp": {"num_requests": [1, 512], "draft_tokens": list(range(1, 9)),
+                          "latency_s": [[DRAFT_FIXED_S + DRAFT_PER_POSITION_S * g for g in range(1, 9)]] * 2}},
+        "prefill": {"fixed_s": 0.01, "tokens_per_s": 20000.0},
+        "scheduler": {"fixed_s": 0.0, "per_candidate_s": 0.0},
+    }
+    if cliff is not None:
+        data["cuda_graphs"] = {"max_captured_tokens": cliff[0], "eager_overhead_s": cliff[1]}
+    return profile_from_dict(data, "<known>")
+
+
+def known_runs(configs=((0, 1.0), (1, 1.8), (3, 2.6)), users=(1, 2, 4, 8, 16, 32), prompts=(500, 2000),
+               profile=None):
+    profile = profile or known_profile()
+    points = [SyntheticPoint(u, k, tau, p, 200) for k, tau in configs for u in users for p in prompts]
+    return [synthetic_run(profile, "mtp", point, "synthetic", i + 1) for i, point in enumerate(points)]
+
+
+# ---------------------------------------------------------------- readers
+
+
+def _vllm(**extra):
+    record = {"completed": 10, "total_input_tokens": 5000, "total_output_tokens": 2000, "output_throughput": 800.0,
+              "mean_tpot_ms": 10.0, "request_throughput": 4.0, "max_concurrency": 8, "request_rate": "inf",
+              "median_tpot_ms": 9.5, "p99_tpot_ms": 14.0, "mean_ttft_ms": 50.0, "model_id": "m"}
+    record.update(extra)
+    return record
+
+
+def test_vllm_reader_no_speculation_and_metadata_k(tmp_path: Path):
+    (tmp_path / "a.json").write_text(json.dumps(_vllm()))
+    (tmp_path / "b.json").write_text(json.dumps(_vllm(spec_decode_acceptance_length=2.5,
+                                                      num_speculative_tokens="3", spec_method="mtp")))
+    plain, spec = read_results([tmp_path / "a.json", tmp_path / "b.json"])
+    assert (plain.num_speculative_tokens, plain.acceptance_length, plain.spec_method) == (0, None, "none")
+    assert plain.mean_prompt_tokens == 500 and plain.mean_output_tokens == 200 and plain.concurrency == 8
+    assert (spec.num_speculative_tokens, spec.acceptance_length, spec.spec_method) == (3, 2.5, "mtp")
+    # step = TPOT x tau; R by Little's law over decode: TPOT x (output tok/s - requests/s)
+    obs = observe(spec)
+    assert obs.step_s == pytest.approx(0.025) and obs.num_requests == pytest.approx(0.010 * 796)
+    assert obs.batch_tokens == pytest.approx(4 * obs.num_requests)
+
+
+def test_vllm_reader_k_from_draft_counts_and_appended_results(tmp_path: Path):
+    lines = [_vllm(), _vllm(spec_decode_acceptance_length=1.8, spec_decode_num_drafts=100,
+                             spec_decode_draft_tokens=200)]
+    (tmp_path / "r.json").write_text("\n".join(json.dumps(x) for x in lines) + "\n")  # --append-result
+    runs = read_results([tmp_path / "r.json"])
+    assert [r.num_speculative_tokens for r in runs] == [0, 2] and runs[1].row == 2
+
+
+def test_sglang_reader(tmp_path: Path):
+    base = {k: v for k, v in _vllm().items() if k != "model_id"}
+    lines = [dict(base, accept_length=None), dict(base, accept_length=2.2, num_speculative_tokens=3)]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    plain, spec = read_results([tmp_path / "s.jsonl"])
+    assert plain.num_speculative_tokens == 0 and (spec.num_speculative_tokens, spec.acceptance_length) == (3, 2.2)
+
+
+def test_csv_reader(tmp_path: Path):
+    (tmp_path / "r.csv").write_text(
+        "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,mean_output_tokens,output_throughput,"
+        "mean_tpot_ms,acceptance_length,mean_decode_requests\n"
+        "4,none,0,100,50,300,12.5,,3.9\n"
+        "4,mtp,1,100,50,500,7.0,1.8,3.8\n")
+    plain, spec = read_results([tmp_path / "r.csv"])
+    assert plain.mean_decode_requests == 3.9 and observe(plain).num_requests == 3.9
+    assert observe(spec).step_s == pytest.approx(0.0126) and observe(spec).batch_tokens == pytest.approx(7.6)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    # a required field missing names file, row and field
+    ("a.json", json.dumps({k: v for k, v in _vllm().items() if k != "mean_tpot_ms"}),
+     r"a\.json row 1: missing field 'mean_tpot_ms'"),
+    # a number that is not one
+    ("a.json", json.dumps(_vllm(output_throughput="fast")), r"row 1: field 'output_throughput' must be a number"),
+    # speculative vLLM run whose k cannot be told
+    ("a.json", json.dumps(_vllm(spec_decode_acceptance_length=2.0)), r"missing field 'num_speculative_tokens'"),
+    # SGLang does not record k
+    ("s.jsonl", json.dumps(dict(_vllm(), accept_length=2.0)) + "\n", r"s\.jsonl row 1: missing field "
+                                                                      r"'num_speculative_tokens'"),
+    # acceptance length below 1 (accepted tokens without the bonus?)
+    ("s.jsonl", json.dumps(dict(_vllm(), accept_length=0.7, num_speculative_tokens=2)) + "\n",
+     r"field 'accept_length' is 0\.7"),
+    # CSV: an unknown column, a missing column, a speculative row without acceptance, a method/k mismatch
+    ("r.csv", "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,mean_output_tokens,"
+              "output_throughput,mean_tpot_ms,tpot\n", r"unknown column 'tpot'"),
+    ("r.csv", "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,output_throughput,mean_tpot_ms\n",
+     r"missing column 'mean_output_tokens'"),
+    ("r.csv", "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,mean_output_tokens,"
+              "output_throughput,mean_tpot_ms\n4,mtp,2,100,50,300,12.5\n",
+     r"r\.csv row 1: missing field 'acceptance_length'"),
+    ("r.csv", "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,mean_output_tokens,"
+              "output_throughput,mean_tpot_ms\n4,mtp,0,100,50,300,12.5\n", r"row 1: spec_method='mtp' with "
+                                                                          r"num_speculative_tokens=0"),
+    ("r.txt", "x", r"cannot tell the format"),
+])
+def test_reader_errors(tmp_path: Path, name: str, text: str, message: str):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ResultsError, match=message):
+        read_results([tmp_path / name])
+
+
+def test_writers_round_trip(tmp_path: Path):
+    runs = known_runs(configs=((0, 1.0), (3, 2.6)), users=(2,), prompts=(500,))
+    back_vllm = [read_results([write_vllm(r, tmp_path / f"{i}.json")])[0] for i, r in enumerate(runs)]
+    back_sglang = read_results([write_sglang(runs, tmp_path / "s.jsonl")])
+    back_csv = read_results([write_csv(runs, tmp_path / "r.csv")])
+    for back in (back_vllm, back_sglang, back_csv):
+        for a, b in zip(runs, back, strict=True):
+            assert (b.num_speculative_tokens, b.acceptance_length) == (a.num_speculative_tokens, a.acceptance_length)
+            assert observe(b).step_s == pytest.approx(observe(a).step_s, rel=1e-9)
+            assert observe(b).num_requests == pytest.approx(a.concurrency, rel=1e-6)
+
+
+# ---------------------------------------------------------------- the fit
+
+
+def test_fit_recovers_known_costs():
+    report = fit_runs(known_runs())
+    assert np.max(np.abs(report.central_errors)) < 1e-6  # noise-free runs: the best fit is the truth
+    ranges = {r.name: r for r in report.identification.ranges}
+    for name, truth in (("per_request_s", PER_REQUEST_S), ("attention_s_per_context_token", ATTENTION_S),
+                        ("draft_fixed_s", DRAFT_FIXED_S), ("draft_per_position_s", DRAFT_PER_POSITION_S)):
+        assert ranges[name].best == pytest.approx(truth, rel=1e-3), name
+        assert ranges[name].low <= truth <= ranges[name].high
+    for knot in report.model.knots_tokens:
+        assert ranges[f"dense_s[B={knot:g}]"].best == pytest.approx(DENSE_FIXED_S + DENSE_PER_TOKEN_S * knot,
+                                                                    rel=1e-3)
+    # bounded by the data (at the assumed 1% noise per run: +-20% or so), on no null direction
+    assert ranges["per_request_s"].status in ("identified", "poorly identified")
+    assert ranges["per_request_s"].high < 1.5 * PER_REQUEST_S and ranges["per_request_s"].low > 0.5 * PER_REQUEST_S
+    assert ranges["attention_s_per_context_token"].status == "identified"
+    assert report.identification.null_directions == []
+
+
+def test_no_speculation_cannot_split_per_token_from_per_request():
+    runs = known_runs(configs=((0, 1.0),))
+    report = fit_runs(runs, FitConfig(drafter_cost=DrafterCost(DRAFT_FIXED_S, DRAFT_PER_POSITION_S, 0.0)))
+    per_request = report.identification.by_name("per_request_s")
+    assert per_request.status == "not identified"
+    # the two extreme splits: everything per token (0 per request) .. everything per request (a flat dense curve)
+    assert per_request.low == pytest.approx(0.0, abs=1e-9)
+    assert per_request.high >= PER_REQUEST_S + 0.9 * DENSE_PER_TOKEN_S
+    assert set(report.identification.alternatives) == {"per_request_s.low", "per_request_s.high"}
+    assert any({"per_request_s"} < set(d) for d in report.identification.null_directions)
+    # every alternative explains the runs as well, within two standard deviations of the assumed 1% noise
+    for theta in report.identification.alternatives.values():
+        assert report.fit.problem.chi2(theta) <= report.fit.chi2 + report.identification.delta_chi2 + 1e-6
+        assert np.max(np.abs(report.fit.problem.relative_errors(theta))) < 0.02
+
+
+def test_spec_runs_at_two_k_identify_the_split():
+    report = fit_runs(known_runs(configs=((0, 1.0), (1, 1.8), (3, 2.6)), prompts=(1000,)))
+    per_request = report.identification.by_name("per_request_s")
+    assert per_request.status != "not identified" and report.identification.null_directions == []
+    # one context (1000 + 200 / 2 tokens): its attention is folded into the per-request cost, and said so
+    assert "attention over context not fitted" in " ".join(report.notes)
+    truth = PER_REQUEST_S + ATTENTION_S * 1100
+    assert per_request.best == pytest.approx(truth, rel=1e-3)
+    assert 0.7 * truth < per_request.low <= truth <= per_request.high < 1.3 * truth
+
+
+def test_stated_and_detected_cliff():
+    profile = known_profile(cliff=(40, 2e-3))
+    runs = known_runs(configs=((0, 1.0), (1, 1.8), (3, 2.6)), prompts=(1000,), profile=profile)
+    stated = fit_runs(runs, FitConfig(max_captured_tokens=40))
+    assert stated.identification.by_name("eager_s").best == pytest.approx(2e-3, rel=1e-2)
+    detected = fit_runs(runs, FitConfig(detect_cliff=True))
+    assert detected.cliff is not None and detected.cliff.low_tokens <= 40 <= detected.cliff.high_tokens
+    assert detected.identification.by_name("eager_s").best == pytest.approx(2e-3, rel=0.05)
+
+
+def test_profile_and_alternatives_load_in_the_simulator():
+    report = fit_runs(known_runs(configs=((0, 1.0),)),
+                      FitConfig(drafter_cost=DrafterCost(DRAFT_FIXED_S, DRAFT_PER_POSITION_S, 0.0),
+                                max_batch_tokens=64))
+    data = profiles(report, ExportOptions(device="test", model="known", created="2025-01-01", max_requests=64))
+    central = profile_from_dict(data, "<fitted>")
+    assert central.source == "fitted" and central.draft_s("mtp", 4, 3) == pytest.approx(
+        DRAFT_FIXED_S + 3 * DRAFT_PER_POSITION_S)
+    low, high = (profile_from_dict(data["metadata"]["fit"]["alternatives"][f"per_request_s.{end}"], end)
+                 for end in ("low", "high"))
+    # the same no-spec step at the observed batches, different steps when a request verifies more tokens
+    assert low.verify_s(8, 8) == pytest.approx(high.verify_s(8, 8), rel=0.01)
+    assert low.verify_s(8, 64) > 1.3 * high.verify_s(8, 64)
+
+
+# ---------------------------------------------------------------- the command and the interval downstream
+
+
+def _write_example(tmp_path: Path) -> list[str]:
+    runs = known_runs(configs=((0, 1.0),), prompts=(1000,))
+    paths = []
+    for run in runs:
+        paths.append(str(write_vllm(run, tmp_path / f"c{int(run.concurrency)}.json")))
+    return paths
+
+
+def test_command_prints_residuals_and_identifiability(tmp_path: Path, capsys):
+    out = tmp_path / "profile.json"
+    fit_main([*_write_example(tmp_path), "--out", str(out), "--created", "2025-01-01", "--drafter-cost",
+              f"{DRAFT_FIXED_S},{DRAFT_PER_POSITION_S},0"])
+    text = capsys.readouterr().out
+    assert "residuals" in text and "per-request vs per-token cost" in text and "not identified" in text
+    data = json.loads(out.read_text())
+    assert data["metadata"]["source"] == "fitted" and len(data["metadata"]["fit"]["alternatives"]) == 2
+
+
+def test_command_error_is_one_line(tmp_path: Path, capsys):
+    (tmp_path / "a.json").write_text(json.dumps({"completed": 1}))
+    with pytest.raises(SystemExit) as exit_info:
+        fit_main([str(tmp_path / "a.json"), "--out", str(tmp_path / "p.json")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "a.json row 1: missing field 'total_input_tokens'" in err
+
+
+def test_interval_is_carried_into_the_summary():
+    report = fit_runs(known_runs(configs=((0, 1.0),), prompts=(1000,)),
+                      FitConfig(drafter_cost=DrafterCost(DRAFT_FIXED_S, DRAFT_PER_POSITION_S, 0.0),
+                                max_batch_tokens=64))
+    data = profiles(report, ExportOptions(device="test", model="known", created="2025-01-01", max_requests=64,
+                                          drafter_kind="dspark", max_draft_tokens=7))
+    spec = SimulationSpec(policy=make_policy("mtp3"), profile=profile_from_dict(data, "<fitted>"),
+                          drafter=DrafterSpec("dspark", 3),
+                          cluster=ClusterSpec(num_prefill_instances=2, limits=EngineLimits(16, 600_000)),
+                          traffic=TrafficSpec(arrival="closed", num_users=16, domain_mix={"chat": 1.0},
+                                              max_output_tokens=256, max_prompt_tokens=2048),
+                          duration_s=3.0, warmup_s=0.5, seed=7)
+    summary = with_intervals(spec, simulate(spec)).summary
+    low, high = summary["output_tokens_per_s_low"], summary["output_tokens_per_s_high"]
+    assert low <= summary["output_tokens_per_s"] <= high and high > 1.1 * low
+    assert summary["tokens_per_s_per_user_low"]["mean"] < summary["tokens_per_s_per_user_high"]["mean"]
+    assert summary["interval_profiles"] == ["per_request_s.high", "per_request_s.low"]
