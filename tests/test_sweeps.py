@@ -327,11 +327,13 @@ CONCURRENCY = (128, 512, 1024)  # requests per 8-GPU replica: moderate, high, th
 
 @pytest.fixture(scope="module")
 def small_sweep(tmp_path_factory) -> Path:
-    """experiment=v4flash_prod, 2 policies x 3 concurrencies, 10 simulated seconds, through the joblib launcher."""
+    """experiment=v4flash_prod, 2 policies x 3 concurrencies, 10 simulated seconds, through the joblib launcher,
+    with the request tables."""
     sweep_dir = tmp_path_factory.mktemp("sweep") / "multirun"
     args = ["-m", "experiment=v4flash_prod", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
             f"hydra.sweep.dir={sweep_dir}", "policy=mtp1,dspark",
-            "traffic.num_users=" + ",".join(map(str, CONCURRENCY)), "duration_s=10", "warmup_s=3"]
+            "traffic.num_users=" + ",".join(map(str, CONCURRENCY)), "duration_s=10", "warmup_s=3",
+            "write_tables=true"]  # the preset keeps no tables; the latency CDFs need them
     proc = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
