@@ -20,11 +20,17 @@ Terms used throughout the project:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol, get_args
 
 import numpy as np
 
 Objective = Literal["tokens_x_sps", "tokens_per_s"]
+
+
+def check_objective(policy: str, objective: str) -> None:
+    """Raise for an objective that is not an :data:`Objective` (any other string would price tokens per second)."""
+    if objective not in get_args(Objective):
+        raise ValueError(f"{policy}: objective must be one of {', '.join(get_args(Objective))}, got {objective!r}")
 
 
 @dataclass(frozen=True)

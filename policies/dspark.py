@@ -13,7 +13,15 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Decision, Objective, PolicyTraits, StepView, prefix_survival, top_k_lengths
+from policies.base import (
+    Decision,
+    Objective,
+    PolicyTraits,
+    StepView,
+    check_objective,
+    prefix_survival,
+    top_k_lengths,
+)
 from policies.greedy import search_capacity
 from policies.registry import register
 
@@ -46,6 +54,7 @@ class DSpark(PolicyTraits):
     name: ClassVar[str] = "dspark"
 
     def __post_init__(self) -> None:
+        check_objective("dspark", self.objective)
         if self.staleness_steps not in (0, 1, 2):
             raise ValueError(f"dspark: staleness_steps must be 0, 1 or 2, got {self.staleness_steps}")
         if self.ema_decay is not None and not 0.0 <= self.ema_decay < 1.0:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Decision, Objective, PolicyTraits, StepView, prefix_survival
+from policies.base import Decision, Objective, PolicyTraits, StepView, check_objective, prefix_survival
 from policies.greedy import best_prefix_count
 from policies.registry import register
 
@@ -27,6 +27,7 @@ class Goodput(PolicyTraits):
     name: ClassVar[str] = "goodput"
 
     def __post_init__(self) -> None:
+        check_objective("goodput", self.objective)
         if self.staleness_steps < 1:
             raise ValueError("goodput: staleness_steps must be >= 1 (0 would look at the current tokens)")
 

@@ -13,6 +13,7 @@ from policies.base import (
     Objective,
     PolicyTraits,
     StepView,
+    check_objective,
     path_throughput,
     prefix_survival,
     sorted_survivals,
@@ -57,6 +58,9 @@ class Greedy(PolicyTraits):
     name: ClassVar[str] = "greedy"
     synchronous: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        check_objective("greedy", self.objective)
+
     def decide(self, view: StepView) -> Decision:
         survival = prefix_survival(view.confidence)
         theta = path_throughput(view.cost, view.num_requests, sorted_survivals(survival), self.objective)
@@ -79,6 +83,9 @@ class GlobalSync(PolicyTraits):
     name: ClassVar[str] = "global_sync"
     synchronous: ClassVar[bool] = True
     lossless: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        check_objective("global_sync", self.objective)
 
     def decide(self, view: StepView) -> Decision:
         survival = prefix_survival(view.confidence)
