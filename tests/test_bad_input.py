@@ -7,6 +7,7 @@ message the command prints (:func:`experiments.errors.user_message`); a few run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ from hydra import compose, initialize_config_dir
 
 from experiments.errors import user_message
 from experiments.run import prepare
+from policies import make_policy, policy_classes
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "experiments" / "conf"
@@ -102,6 +104,17 @@ def test_bad_config_is_one_line_naming_the_key(overrides, expected):
             prepare(compose(config_name="config", overrides=[*overrides, "traffic.num_requests=3"]))
         return
     assert expected in message_for(*overrides)
+
+
+OBJECTIVE_POLICIES = sorted(name for name, cls in policy_classes().items()
+                            if "objective" in {f.name for f in dataclasses.fields(cls)})
+
+
+@pytest.mark.parametrize("name", OBJECTIVE_POLICIES)
+def test_policy_refuses_an_unknown_objective(name):
+    # built from Python too: any other string used to price tokens per second
+    with pytest.raises(ValueError, match=f"{name}: objective must be one of tokens_x_sps, tokens_per_s, got 'foo'"):
+        make_policy(name, objective="foo")
 
 
 def _profile(tmp_path: Path, **changes: object) -> Path:
