@@ -59,7 +59,8 @@ def interval_keys(central: dict[str, Any], others: list[dict[str, Any]]) -> dict
             continue
         value = central[key]
         if isinstance(value, dict):
-            spans = {stat: _span([value[stat], *(o[key].get(stat) for o in others)]) for stat in value}
+            spans = {stat: _span([value[stat], *(o[key].get(stat) for o in others)]) for stat in value
+                     if stat != "num"}  # a count of requests has no interval
             out[f"{key}_low"] = {stat: low for stat, (low, _) in spans.items()}
             out[f"{key}_high"] = {stat: high for stat, (_, high) in spans.items()}
         else:
@@ -77,6 +78,24 @@ def with_intervals(spec: SimulationSpec, results: Results,
     summary = {**results.summary, **interval_keys(results.summary, others),
                "interval_profiles": sorted(alternatives)}
     return dataclasses.replace(results, summary=summary)
+
+
+def interval_text(summary: dict[str, Any]) -> str:
+    """Lines for the printed summary: the headline metrics' intervals ("" without alternatives)."""
+    if "interval_profiles" not in summary:
+        return ""
+    rows = [("throughput", "output_tokens_per_s", None, 1.0, "tok/s"),
+            ("tok/s/user mean", "tokens_per_s_per_user", "mean", 1.0, "tok/s"),
+            ("TPOT mean", "tpot_s", "mean", 1e3, "ms")]
+    lines = [f"\nprediction interval over the fitted profile's {len(summary['interval_profiles'])} alternatives "
+             f"({', '.join(summary['interval_profiles'])}):"]
+    for label, key, stat, scale, unit in rows:
+        low, high = summary.get(f"{key}_low"), summary.get(f"{key}_high")
+        if stat is not None:
+            low, high = (low or {}).get(stat), (high or {}).get(stat)
+        if low is not None and high is not None:
+            lines.append(f"  {label:<22} {scale * low:.1f} .. {scale * high:.1f} {unit}")
+    return "\n".join(lines)
 
 
 def draw_intervals(ax: Axes, sweep: pd.DataFrame, x: str = "tokens_per_s_per_user_mean",

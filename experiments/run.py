@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from experiments.config import build_spec
 from experiments.errors import DEBUG_ENV, debug_requested, exit_with, user_message
-from experiments.intervals import with_intervals
+from experiments.intervals import interval_text, with_intervals
 from experiments.provenance import provenance
 from experiments.report import format_summary, summary_json
 from simulator import Results, SimulationSpec, simulate
@@ -95,7 +95,7 @@ def main(cfg: DictConfig) -> float:
     except Exception as err:
         _stop_single_run(err, setup=False)
         raise
-    text = format_summary(results.summary)
+    text = format_summary(results.summary) + interval_text(results.summary)
     print(text)
     print(f"tables and summary.json in {out_dir}")
     _to_run_log(f"{text}\ntables and summary.json in {out_dir}")

@@ -19,8 +19,8 @@ from calibration.fitting.model import DrafterCost
 from calibration.fitting.pipeline import FitConfig, fit_runs
 from calibration.fitting.prior import parse_prior
 from calibration.fitting.readers import read_results
-from calibration.fitting.report import full_report
-from calibration.fitting.runs import BenchmarkRun, ResultsError
+from calibration.fitting.report import check_table, full_report
+from calibration.fitting.runs import BenchmarkRun, ResultsError, observe
 
 
 def _numbers(text: str, count: int, option: str, meaning: str) -> tuple[float, ...]:
@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-cost", default="0,0", metavar="FIXED_S,PER_CANDIDATE_S",
                    help="a synchronous scheduler's cost per decision (benchmarks cannot see it; default 0,0)")
     p.add_argument("--created", default=None, help="metadata.created (default: today), for reproducible files")
+    p.add_argument("--check", nargs="+", type=Path, default=[], metavar="RESULTS",
+                   help="results left out of the fit: print their TPOT as the fitted profile predicts it")
     return p
 
 
@@ -111,7 +113,11 @@ def run(argv: list[str] | None = None) -> tuple[dict, str]:
         max_context_tokens=args.max_context_tokens, prefill=prefill,  # type: ignore[arg-type]
         scheduler=_numbers(args.scheduler_cost, 2, "--scheduler-cost", "FIXED_S,PER_CANDIDATE_S"),  # type: ignore[arg-type]
         **({"created": args.created} if args.created else {}))
-    return profiles(report, options), full_report(report)
+    text = full_report(report)
+    if args.check:
+        held_out = [observe(r, config.tpot, config.batch) for r in read_results(args.check, args.format)]
+        text += "\n\n" + check_table(report, held_out)
+    return profiles(report, options), text
 
 
 def main(argv: list[str] | None = None) -> None:

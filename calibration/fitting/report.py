@@ -10,6 +10,7 @@ import numpy as np
 
 from calibration.fitting.identify import ParameterRange
 from calibration.fitting.pipeline import FitReport, config_counts
+from calibration.fitting.runs import StepObservation
 
 
 def _time(seconds: float) -> str:
@@ -111,3 +112,30 @@ def full_report(report: FitReport) -> str:
     if report.notes:
         parts.append("notes:\n" + "\n".join(f"  - {n}" for n in report.notes))
     return "\n\n".join(parts)
+
+
+def check_table(report: FitReport, observations: list[StepObservation]) -> str:
+    """Runs left out of the fit against the fitted profile's prediction of their step time (hence TPOT, at their
+    own measured batch and acceptance length), with the interval over the alternatives."""
+    model = report.model
+    arrays = [np.array([getattr(o, k) for o in observations], dtype=np.float64)
+              for k in ("num_requests", "batch_tokens", "context_tokens", "num_draft_tokens")]
+    thetas = [report.central, *report.identification.alternatives.values()]
+    predicted = np.array([model.predict_s(theta, *arrays) for theta in thetas])  # [fits, runs]
+    lines = ["held-out runs (not fitted): TPOT predicted from the run's own batch and acceptance length",
+             f"  {'run':<34} {'config':<9} {'load':<10} {'TPOT':>10} {'predicted [interval]':>32} {'error':>7}"]
+    errors = []
+    for i, o in enumerate(observations):
+        tpot = o.step_s / o.tokens_per_step
+        central, low, high = (v / o.tokens_per_step for v in (predicted[0, i], predicted[:, i].min(),
+                                                              predicted[:, i].max()))
+        error = central / tpot - 1
+        errors.append(error)
+        covered = " (covered)" if low <= tpot <= high and len(thetas) > 1 else ""
+        where = f"{o.run.source.split('/')[-1]}:{o.run.row}"
+        interval = f"{_time(central)} [{_time(low)}, {_time(high)}]"
+        lines.append(f"  {where:<34} {o.run.config_label:<9} {o.run.load_label:<10} {_time(tpot):>10} "
+                     f"{interval:>32} {100 * error:+6.2f}%{covered}")
+    err = np.abs(np.array(errors))
+    lines.append(f"  mean |error| {100 * err.mean():.2f}%, worst {100 * err.max():.2f}%")
+    return "\n".join(lines)
