@@ -19,7 +19,7 @@ Terms used throughout the project:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, get_args
 
 import numpy as np
@@ -46,16 +46,48 @@ class CostCurve:
     batch_tokens: np.ndarray  # [M] int
     steps_per_s: np.ndarray  # [M] float
     draft_s: float = 0.0  # drafter latency of this step, for the tokens-per-second objective
+    # SPS at whole batch-token counts, filled on first use (see sps_run): an engine prices every step with R
+    # requests with the same curve, so the interpolation along a sorted path is done once, not every step.
+    _whole: list[tuple[int, np.ndarray]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def sps(self, batch_tokens: np.ndarray | int) -> np.ndarray:
         b = np.asarray(batch_tokens, dtype=np.float64)
         lo, hi = self.batch_tokens[0], self.batch_tokens[-1]
         if b.size and (b.min() < lo or b.max() > hi):
-            raise ValueError(
-                f"batch of {b.min():.0f}..{b.max():.0f} tokens is outside the profiled "
-                f"SPS table ({lo}..{hi} tokens); profile a wider range"
-            )
+            self._outside(b.min(), b.max())
         return np.interp(b, self.batch_tokens, self.steps_per_s)
+
+    def _outside(self, first: float, last: float) -> None:
+        lo, hi = self.batch_tokens[0], self.batch_tokens[-1]
+        raise ValueError(
+            f"batch of {first:.0f}..{last:.0f} tokens is outside the profiled "
+            f"SPS table ({lo}..{hi} tokens); profile a wider range"
+        )
+
+    def sps_run(self, first_tokens: int, count: int) -> np.ndarray:
+        """SPS at ``first_tokens, first_tokens + 1, ..., first_tokens + count - 1`` batch tokens -> [count].
+
+        The same values as :meth:`sps` on those integers (``np.interp`` is evaluated point by point), read
+        from a table of whole batch-token counts computed once per curve. The result is a read-only view.
+        """
+        if self._whole:
+            start, table = self._whole[0]
+            offset = first_tokens - start
+            if offset >= 0 and offset + count <= table.size:  # inside the table, so inside the profile
+                return table[offset:offset + count]
+        if count <= 0:
+            return np.empty(0)
+        last_tokens = first_tokens + count - 1
+        lo, hi = self.batch_tokens[0], self.batch_tokens[-1]
+        if first_tokens < lo or last_tokens > hi:
+            self._outside(first_tokens, last_tokens)
+        start = int(np.ceil(lo))
+        size = self._whole[0][1].size if self._whole else 0
+        end = min(int(np.floor(hi)), max(last_tokens, start + 2 * size))  # geometric growth: few refills
+        table = np.interp(np.arange(start, end + 1, dtype=np.float64), self.batch_tokens, self.steps_per_s)
+        table.setflags(write=False)
+        self._whole[:] = [(start, table)]
+        return table[first_tokens - start:last_tokens - start + 1]
 
     def throughput(self, expected_tokens: np.ndarray, batch_tokens: np.ndarray,
                    objective: Objective = "tokens_x_sps") -> np.ndarray:
@@ -142,6 +174,23 @@ class PolicyTraits:
         return gamma
 
 
+def survival_by_position(confidence: np.ndarray) -> np.ndarray:
+    """a[r, j] laid out position-major -> [gamma, R] (C order; its ``.T`` is the [R, gamma] table).
+
+    Position-major is the tie-break order of the sorted path, and the products run
+    over whole positions (gamma vector operations over R requests), which is faster
+    than R short row-wise cumulative products. Each entry is the same left-to-right
+    product as :func:`prefix_survival`, so the values are identical.
+    """
+    confidence = np.asarray(confidence)
+    if confidence.dtype != np.float64:  # keep cumprod's own result type for other inputs
+        return np.ascontiguousarray(np.cumprod(confidence, axis=1).T)
+    by_position = np.array(confidence.T, order="C")  # [gamma, R]
+    for j in range(1, by_position.shape[0]):
+        np.multiply(by_position[j - 1], by_position[j], out=by_position[j])
+    return by_position
+
+
 def prefix_survival(confidence: np.ndarray) -> np.ndarray:
     """a[r, j] = prod_{i <= j} c[r, i]  -> [R, gamma]."""
     return np.cumprod(confidence, axis=1)
@@ -166,36 +215,66 @@ def sorted_candidates(survival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 def sorted_survivals(survival: np.ndarray) -> np.ndarray:
     """The positive survivals in descending order: the values along the sorted path."""
-    values = -np.sort(-survival, axis=None)
-    return values[: np.count_nonzero(values > 0.0)]
+    return descending_survivals(survival)[0]
 
 
-def top_k_lengths(survival: np.ndarray, k: int) -> np.ndarray:
+def descending_survivals(survival: np.ndarray) -> tuple[np.ndarray, bool]:
+    """:func:`sorted_survivals` and whether ``survival`` is free of NaN (then ``values[k - 1]`` is the k-th
+    largest entry, as :func:`top_k_lengths` ranks them).
+
+    Only values are sorted, so the memory layout of ``survival`` does not matter.
+    """
+    ascending = np.sort(survival.T if survival.flags.f_contiguous else survival, axis=None)
+    if ascending.size and ascending[-1] != ascending[-1]:  # NaN sorts last: keep the plain order (NaN dropped)
+        values = -np.sort(-survival, axis=None)
+        return values[: np.count_nonzero(values > 0.0)], False
+    num_positive = ascending.size - int(ascending.searchsorted(0.0, side="right"))
+    return ascending[::-1][:num_positive], True
+
+
+def top_k_lengths(survival: np.ndarray, k: int, kth: float | None = None) -> np.ndarray:
     """Verification lengths after admitting the first k entries of the sorted path.
 
     Same result as walking :func:`sorted_candidates`, in O(R gamma): every entry
     above the k-th largest survival is admitted, and entries equal to it are
     admitted in tie-break order (position-major) until k are in. Each request's
-    admitted entries form a prefix, so its length is their count.
+    admitted entries form a prefix, so its length is their count. ``kth``, when
+    the caller has it (a sorted path of a NaN-free table), is that k-th largest
+    value, which spares the partial sort.
     """
     num_requests, gamma = survival.shape
-    flat = survival.T.ravel()  # position-major, the tie-break order
     if k <= 0:
         return np.zeros(num_requests, dtype=np.int64)
+    by_position = survival.T  # [gamma, R]: position-major, the tie-break order (a view when built that way)
+    flat = by_position.ravel()
+    if k < flat.size:
+        if kth is None:
+            kth = np.partition(flat, flat.size - k)[flat.size - k]  # k-th largest value
+        if kth > 0.0:
+            admitted = by_position >= kth
+            if np.count_nonzero(admitted) == k:  # the common case: no tie at the k-th value left out
+                return admitted.sum(axis=0, dtype=np.int64)
     positive = flat > 0.0
     if k >= np.count_nonzero(positive):
         admitted = positive
-    else:
-        kth = np.partition(flat, flat.size - k)[flat.size - k]  # k-th largest value
+    else:  # entries equal to the k-th value: only the first ones in tie-break order fit
         admitted = flat > kth
         ties = np.flatnonzero(flat == kth)[: k - np.count_nonzero(admitted)]
         admitted[ties] = True
-    return admitted.reshape(gamma, num_requests).sum(axis=0)
+    return admitted.reshape(gamma, num_requests).sum(axis=0, dtype=np.int64)
 
 
 def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,
                     objective: Objective = "tokens_x_sps") -> np.ndarray:
     """Theta after admitting 0, 1, ..., n entries of a sorted path -> [n + 1]."""
-    expected = num_requests + np.concatenate(([0.0], np.cumsum(survivals)))
-    batch = num_requests + np.arange(survivals.size + 1)
-    return cost.throughput(expected, batch, objective)
+    theta = np.empty(survivals.size + 1)  # first tau*, then Theta in place
+    theta[0] = 0.0
+    np.add.accumulate(survivals, out=theta[1:])  # np.cumsum's own loop, without its wrapper's overhead
+    theta += num_requests
+    if isinstance(num_requests, (int, np.integer)):
+        sps = cost.sps_run(int(num_requests), theta.size)
+    else:
+        sps = cost.sps(num_requests + np.arange(theta.size))
+    if objective == "tokens_x_sps":
+        return np.multiply(theta, sps, out=theta)
+    return np.divide(theta, cost.draft_s + 1.0 / sps, out=theta)

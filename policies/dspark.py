@@ -19,7 +19,7 @@ from policies.base import (
     PolicyTraits,
     StepView,
     check_objective,
-    prefix_survival,
+    survival_by_position,
     top_k_lengths,
 )
 from policies.greedy import search_capacity
@@ -74,7 +74,7 @@ class DSpark(PolicyTraits):
         if self.ema_decay is not None:
             smoothed = smooth_confidence(confidence, view.smoothed, self.ema_decay)
             confidence = smoothed
-        survival = prefix_survival(confidence)
+        survival = survival_by_position(confidence).T  # [R, gamma], position-major in memory
         if self.staleness_steps == 0:
             capacity = search_capacity(survival, view.cost, self.objective)
         elif len(view.history) >= self.staleness_steps:

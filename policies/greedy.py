@@ -14,9 +14,10 @@ from policies.base import (
     PolicyTraits,
     StepView,
     check_objective,
+    descending_survivals,
     path_throughput,
-    prefix_survival,
     sorted_survivals,
+    survival_by_position,
     top_k_lengths,
 )
 from policies.registry import register
@@ -29,13 +30,15 @@ def early_stop_count(theta: np.ndarray) -> int:
     plain-decoding value). Admission stops at the first n with theta[n] <= theta[n-1].
     """
     rising = theta[1:] > theta[:-1]
-    falls = np.flatnonzero(~rising)
-    return int(falls[0]) if falls.size else int(rising.size)
+    if rising.size == 0:
+        return 0
+    first_fall = int(np.argmin(rising))  # the first False, or 0 when every entry rises
+    return first_fall if not rising[first_fall] else int(rising.size)
 
 
 def best_prefix_count(theta: np.ndarray) -> int:
     """Entries admitted by a full search: the first argmax of Theta along the path."""
-    return int(np.argmax(theta))
+    return int(theta.argmax())
 
 
 def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective) -> int:
@@ -62,10 +65,11 @@ class Greedy(PolicyTraits):
         check_objective("greedy", self.objective)
 
     def decide(self, view: StepView) -> Decision:
-        survival = prefix_survival(view.confidence)
-        theta = path_throughput(view.cost, view.num_requests, sorted_survivals(survival), self.objective)
-        count = early_stop_count(theta)
-        return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)
+        survival = survival_by_position(view.confidence).T  # [R, gamma], position-major in memory
+        values, nan_free = descending_survivals(survival)
+        count = early_stop_count(path_throughput(view.cost, view.num_requests, values, self.objective))
+        kth = float(values[count - 1]) if nan_free and count > 0 else None  # the path is sorted already
+        return Decision(lengths=top_k_lengths(survival, count, kth), pool=survival, capacity=count)
 
 
 @register
@@ -88,6 +92,6 @@ class GlobalSync(PolicyTraits):
         check_objective("global_sync", self.objective)
 
     def decide(self, view: StepView) -> Decision:
-        survival = prefix_survival(view.confidence)
+        survival = survival_by_position(view.confidence).T  # [R, gamma], position-major in memory
         count = search_capacity(survival, view.cost, self.objective)
         return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)

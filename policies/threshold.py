@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from policies.base import Decision, PolicyTraits, StepView, prefix_survival
+from policies.base import Decision, PolicyTraits, StepView, survival_by_position
 from policies.registry import register
 
 
@@ -33,10 +33,10 @@ class Threshold(PolicyTraits):
             raise ValueError(f"threshold: variant must be 'prefix' or 'position', got {self.variant!r}")
 
     def decide(self, view: StepView) -> Decision:
-        survival = prefix_survival(view.confidence)
+        by_position = survival_by_position(view.confidence)  # [gamma, R]
         if self.variant == "prefix":
-            passed = survival >= self.theta
+            passed = by_position >= self.theta
         else:
-            passed = np.cumprod(view.confidence >= self.theta, axis=1).astype(bool)
-        lengths = passed.sum(axis=1).astype(np.int64)
-        return Decision(lengths=lengths, pool=survival, capacity=int(lengths.sum()))
+            passed = np.logical_and.accumulate(view.confidence.T >= self.theta, axis=0)  # [gamma, R]
+        lengths = passed.sum(axis=0, dtype=np.int64)
+        return Decision(lengths=lengths, pool=by_position.T, capacity=int(lengths.sum()))
