@@ -8,13 +8,16 @@ key, then loads the profile and the traffic. Files are read here, never at impor
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from experiments.schema import ConfigError, RunConfig, validate
-from simulator import SimulationSpec, load_profile
+from simulator import DrafterSpec, HardwareProfile, SimulationSpec, load_profile
+from simulator.acceptance.presets import load_preset
 from traces import load_trace_workload
 from traces.formats import detect_format
 from traces.load import SAMPLES
@@ -22,6 +25,7 @@ from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
 __all__ = ["ConfigError", "build_spec", "build_traffic"]
+log = logging.getLogger(__name__)
 
 
 def _check_trace_label(traffic: Any) -> None:
@@ -46,15 +50,53 @@ def build_traffic(traffic: Any, seed: int) -> TrafficSpec | Workload:
     return load_trace_workload(traffic.trace, format=traffic.format, options=options)
 
 
+def build_drafter(run: RunConfig, traffic: TrafficSpec | Workload) -> DrafterSpec:
+    """The drafter spec, with ``traffic.benchmark_mix``: each benchmark must belong to a domain the traffic has."""
+    mix = run.traffic.benchmark_mix
+    numbers = isinstance(mix, Mapping) and all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                               for w in mix.values())
+    if mix is not None and not numbers:
+        raise ConfigError(f"traffic.benchmark_mix={mix}: must map benchmark names to weights, e.g. "
+                          "traffic.benchmark_mix={gsm8k: 2, alpaca: 1}")
+    try:
+        drafter = dataclasses.replace(run.drafter.to_spec(), confidence=run.acceptance.confidence.to_spec(),
+                                      difficulty=run.acceptance.difficulty.to_spec(), benchmark_mix=mix)
+    except ValueError as err:
+        raise ConfigError(f"traffic.benchmark_mix: {err}" if mix else str(err)) from err
+    if mix:
+        domains = ({d for d, w in traffic.domain_mix.items() if w > 0} if isinstance(traffic, TrafficSpec)
+                   else set(traffic.domain.tolist()))
+        preset = load_preset(drafter.acceptance_preset)
+        unused = {b: preset.benchmark(b)[0] for b in mix if preset.benchmark(b)[0] not in domains}
+        if unused:
+            raise ConfigError(f"traffic.benchmark_mix: {', '.join(f'{b} ({d})' for b, d in unused.items())} would "
+                              f"never be drawn: the traffic's requests are {', '.join(sorted(domains))}; set "
+                              "traffic.domain_mix to include their domains")
+    return drafter
+
+
+def warn_other_target(drafter: DrafterSpec, profile: HardwareProfile) -> None:
+    """Say loudly when the acceptance preset was measured on another target than the profile models."""
+    if drafter.log is not None:
+        return
+    preset = load_preset(drafter.acceptance_preset)
+    model = str(profile.metadata.get("model", "?"))
+    if preset.target.lower() != model.lower():
+        log.warning("ACCEPTANCE FROM ANOTHER TARGET: preset %s was measured on %s, the hardware profile models %s",
+                    preset.name, preset.target, model)
+
+
 def spec_of(run: RunConfig) -> SimulationSpec:
     """The simulation a validated config describes (reads the profile and any trace file)."""
+    traffic = build_traffic(run.traffic, run.seed)
+    drafter, profile = build_drafter(run, traffic), load_profile(run.hardware)
+    warn_other_target(drafter, profile)
     return SimulationSpec(
         policy=run.policy.to_spec(),
-        profile=load_profile(run.hardware),
-        drafter=dataclasses.replace(run.drafter.to_spec(), confidence=run.acceptance.confidence.to_spec(),
-                                    difficulty=run.acceptance.difficulty.to_spec()),
+        profile=profile,
+        drafter=drafter,
         cluster=run.cluster.to_spec(),
-        traffic=build_traffic(run.traffic, run.seed),
+        traffic=traffic,
         duration_s=run.duration_s,
         warmup_s=run.warmup_s,
         seed=run.seed,

@@ -90,7 +90,11 @@ def _check_lengths(self: Any) -> None:
             _finite_above(f"traffic.lengths.{domain}.{key}", getattr(spec, key), 0.0, inclusive=True)
 
 
-SyntheticTrafficConfig = mirror(TrafficSpec, "traffic", extra=(("name", str, "synthetic"),), check=_check_lengths)
+# A benchmark mix (benchmark -> weight) picks, within each domain, the preset's benchmark curve a request follows
+# (docs/acceptance.md); experiments.config hands it to the drafter spec.
+BENCHMARK_MIX = ("benchmark_mix", Any, None)  # Any: an override cannot merge into a typed null mapping
+SyntheticTrafficConfig = mirror(TrafficSpec, "traffic", extra=(("name", str, "synthetic"), BENCHMARK_MIX),
+                                check=_check_lengths)
 
 
 def _check_trace(self: Any) -> None:
@@ -104,7 +108,8 @@ def _check_trace(self: Any) -> None:
 
 TraceTrafficConfig = mirror(
     ReplayOptions, "traffic", skip=("seed",),  # the run's seed draws any domain_mix
-    extra=(("name", str, "trace"), ("arrival", str, "trace"), ("trace", str, MISSING), ("format", str | None, None)),
+    extra=(("name", str, "trace"), ("arrival", str, "trace"), ("trace", str, MISSING), ("format", str | None, None),
+           BENCHMARK_MIX),
     check=_check_trace)
 
 
@@ -140,8 +145,10 @@ def _check_drafter(self: Any) -> None:
                                   "(docs/acceptance_logs.md)")
 
 
-# ``drafter.*``: DrafterSpec's fields but its acceptance model, which the top-level ``acceptance`` key holds.
-DrafterConfig = mirror(DrafterSpec, "drafter", skip=("confidence", "difficulty"), check=_check_drafter)
+# ``drafter.*``: DrafterSpec's fields but its acceptance model, which the top-level ``acceptance`` key holds, and
+# its benchmark mix, which traffic.benchmark_mix holds.
+DrafterConfig = mirror(DrafterSpec, "drafter", skip=("confidence", "difficulty", "benchmark_mix"),
+                       check=_check_drafter)
 
 
 _CLUSTER_FIELDS = plain_fields(ClusterSpec, skip=("limits",))

@@ -11,6 +11,9 @@ from typing import Literal
 
 from policies import Policy
 from simulator.acceptance import AcceptanceModel, AcceptanceSource, ConfidenceSpec, DifficultySpec, LoggedAcceptance
+from simulator.acceptance.online import OnlineAcceptanceEstimator
+from simulator.acceptance.parametric import acceptance_classes
+from simulator.acceptance.presets import default_preset, load_preset
 from simulator.profile import HardwareProfile
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
@@ -24,13 +27,15 @@ class LossyPolicyWarning(UserWarning):
 
 @dataclass(frozen=True)
 class DrafterSpec:
-    """The drafter: its kind (acceptance preset and latency table) and block size gamma.
+    """The drafter: its acceptance preset, its draft-latency table and its block size gamma.
 
-    With ``log`` (a path to an acceptance log, docs/acceptance_logs.md) confidences
-    and outcomes are replayed from the log's blocks of drafter ``kind`` instead of
-    drawn from the parametric preset; ``log_order`` says how (``walk``: each request
-    follows a logged request's blocks in order; ``independent``: blocks drawn
-    independently per step; ``auto``: walk dense logs).
+    ``kind`` is shorthand for both: ``acceptance`` (a preset name or file, docs/acceptance.md; None: the kind's
+    default preset) and ``latency`` (the profile's draft-latency table; None: ``kind``) choose them apart.
+    ``benchmark_mix`` (benchmark -> weight) makes the requests of a domain follow the preset's benchmark curves
+    of that domain, drawn by weight, instead of the domain's curve. With ``log`` (a path to an acceptance log,
+    docs/acceptance_logs.md) confidences and outcomes are replayed from the log's blocks of drafter ``kind``
+    instead of drawn from the preset; ``log_order`` says how (``walk``: each request follows a logged request's
+    blocks in order; ``independent``: blocks drawn independently per step; ``auto``: walk dense logs).
     """
 
     kind: str = "dspark"
@@ -39,16 +44,38 @@ class DrafterSpec:
     confidence: ConfidenceSpec = field(default_factory=ConfidenceSpec)
     log: str | None = None
     log_order: str = "auto"
+    acceptance: str | None = None
+    latency: str | None = None
+    benchmark_mix: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.log_order not in ("auto", "walk", "independent"):
             raise ValueError(f"drafter.log_order must be auto, walk or independent, got {self.log_order!r}")
+        if self.log is not None and (self.acceptance is not None or self.benchmark_mix):
+            raise ValueError("drafter.log replays a log: drafter.acceptance and benchmark_mix apply to presets only")
+        if self.log is None:  # read the preset now, so that a bad name, file or benchmark mix fails at start
+            acceptance_classes(load_preset(self.acceptance_preset), self.benchmark_mix)
+
+    @property
+    def acceptance_preset(self) -> str:
+        """The preset name or file the parametric acceptance comes from."""
+        return self.acceptance if self.acceptance is not None else default_preset(self.kind)
+
+    @property
+    def latency_table(self) -> str:
+        """The name of the profile's draft-latency table."""
+        return self.latency if self.latency is not None else self.kind
 
     def acceptance_model(self) -> AcceptanceSource:
         """The acceptance source this drafter stands for: the parametric preset, or the replay of ``log``."""
         if self.log is None:
-            return AcceptanceModel(self.kind, self.gamma, self.difficulty, self.confidence)
+            return AcceptanceModel(self.acceptance_preset, self.gamma, self.difficulty, self.confidence,
+                                   self.benchmark_mix)
         return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma, order=self.log_order)
+
+    def online_estimator(self) -> OnlineAcceptanceEstimator | None:
+        """A fresh online estimator for one engine when ``confidence.source`` is online, else None."""
+        return OnlineAcceptanceEstimator() if self.confidence.source == "online" else None
 
 
 @dataclass(frozen=True)

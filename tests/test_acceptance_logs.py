@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from calibration.acceptance.fit_preset import fit_curve, fit_preset
+from simulator.acceptance.curves import AcceptanceCurve
 from simulator.acceptance.logs import (
     AcceptanceRecorder,
     LogError,
@@ -17,7 +18,8 @@ from simulator.acceptance.logs import (
     write_log,
 )
 from simulator.acceptance.parametric import AcceptanceModel
-from simulator.acceptance.presets import PRESETS, AcceptanceCurve
+from simulator.acceptance.preset_file import PresetError
+from simulator.acceptance.presets import PRESETS
 from simulator.acceptance.replay import LoggedAcceptance
 from tests.log_factories import synthetic_log
 from traces.workload import DOMAINS
@@ -151,7 +153,7 @@ def test_replay_fewer_and_more_positions_than_logged(log):
 
 
 def test_fit_curve_recovers_a_preset_family_curve():
-    curve = AcceptanceCurve(0.88, 0.7641, 1.0, 0.98)  # dflash math
+    curve = AcceptanceCurve.family(0.88, 0.7641, 1.0, 0.98)  # dflash math
     fitted = fit_curve(curve.conditional(9))
     np.testing.assert_allclose(fitted.conditional(9), curve.conditional(9), atol=1e-6)
 
@@ -170,11 +172,14 @@ def test_fitted_preset_reproduces_the_log(log, monkeypatch):
     assert table["max_abs_q_error"].max() < 0.04  # family misfit + sampling noise of ~2000 blocks
     assert 0.6 < fitted.auc < 0.95  # the synthetic confidence is informative
     name = "synthetic-log-dspark"
-    monkeypatch.setitem(PRESETS, name, {})  # so that teardown removes the name again
+    monkeypatch.setitem(PRESETS, name, None)  # so that teardown removes the name again
     del PRESETS[name]
     assert fitted.install(name) == name
-    with pytest.raises(ValueError, match="already exists"):
-        fitted.install("dspark")
+    assert fitted.install(name) == name  # the same curves again: fine
+    with pytest.raises(PresetError, match="already installed with other curves"):
+        fit_preset(log[log["domain"] == "chat"]).install(name)
+    with pytest.raises(PresetError, match="is a built-in preset"):
+        fitted.install("qwen3-8b_dspark")
     model = AcceptanceModel(name, 7, confidence=fitted.confidence_spec())
     rng = np.random.default_rng(11)
     for domain, tau in fitted.tau.items():

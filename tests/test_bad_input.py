@@ -68,7 +68,7 @@ def message_for(*overrides: str) -> str:
         (["+foo=1"], "foo: unknown key; valid keys: policy, traffic"),  # "+" cannot add keys to the schema
         (["policy.thta=0.5"], "policy.thta: unknown key; valid keys: name, staleness_steps, objective, ema_decay"),
         (["+policy.staleness=3"], "policy.staleness: unknown key; valid keys: name, staleness_steps"),
-        (["traffic.colour=red"], "traffic.colour: unknown key; valid keys: name, arrival, domain_mix"),
+        (["traffic.colour=red"], "traffic.colour: unknown key; valid keys: name, benchmark_mix, arrival, domain_mix"),
         (["policy=dsprk"], "policy=dsprk: no such option; available: dspark, global_sync, goodput, greedy, mtp"),
         (["experiment=nope"], "experiment=nope: no such option; available: greedy_trap, threshold_sweep"),
         # other values out of their range or set

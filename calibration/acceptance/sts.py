@@ -29,6 +29,7 @@ from simulator.acceptance.logs import Blocks, read_log, to_blocks
 
 DEFAULT_TEMPERATURES = np.geomspace(0.05, 20.0, 321)  # includes T = 1 (index 160)
 _EPS = 1e-7
+_STRIDE = 8  # coarse step of the temperature search, in grid points
 
 
 def ece(predicted: np.ndarray, outcome: np.ndarray, num_bins: int = 10) -> float:
@@ -91,19 +92,32 @@ class StsCalibration:
 
 def fit_sts(confidence: np.ndarray, num_accepted: np.ndarray, temperatures: np.ndarray = DEFAULT_TEMPERATURES,
             num_bins: int = 10) -> StsCalibration:
-    """Grid-search T_k left to right on fully verified blocks: confidence [N, g], num_accepted [N]."""
+    """Grid-search T_k left to right on fully verified blocks: confidence [N, g], num_accepted [N].
+
+    Per position the search is coarse to fine: every ``_STRIDE``-th grid point first, then every point within
+    one stride of the best of those; the first minimum there wins (the smallest such T on the ascending grid).
+    """
     if np.isnan(confidence).any():
         raise ValueError("STS needs a confidence at every position; got NaN (a drafter without a head?)")
     n, g = confidence.shape
     survived = survival_outcomes(num_accepted, g)
+    c = np.clip(confidence, _EPS, 1.0 - _EPS)
+    logits = np.log(c / (1.0 - c))  # [N, g]
     chosen = np.empty(g)
     prefix = np.ones(n)  # [N] calibrated a'_{k-1}
+
+    def errors(k: int, index: np.ndarray) -> np.ndarray:
+        candidates = prefix[None, :] / (1.0 + np.exp(-logits[None, :, k] / temperatures[index, None]))  # [T, N]
+        return _ece_rows(candidates, survived[:, k], num_bins)
+
+    size = temperatures.size
+    coarse = np.unique(np.append(np.arange(0, size, _STRIDE), size - 1))
     for k in range(g):
-        candidates = prefix[None, :] * temperature_scale(confidence[None, :, k], temperatures[:, None])  # [T, N]
-        errors = _ece_rows(candidates, survived[:, k], num_bins)
-        best = int(np.argmin(errors))  # first minimum: the smallest such T on the ascending grid
+        centre = int(coarse[np.argmin(errors(k, coarse))])
+        window = np.arange(max(centre - _STRIDE, 0), min(centre + _STRIDE + 1, size))
+        best = int(window[np.argmin(errors(k, window))])
         chosen[k] = temperatures[best]
-        prefix = candidates[best]
+        prefix = prefix * temperature_scale(confidence[:, k], temperatures[best])
     return StsCalibration(chosen)
 
 

@@ -1,222 +1,222 @@
-"""Stochastic acceptance and confidence for simulated draft tokens.
+"""The parametric acceptance source: outcomes and confidences drawn from a preset's curves.
 
-Model (probit, all on one latent scale). For request r at step t and draft
-position k the *ease* of the token is
+Each request follows one curve of its preset: its domain's, or, with a
+benchmark mix, one of its domain's benchmarks drawn with the mix's weights
+(the same for the request's whole life). The latent model, the confidence
+head and the fit are in :mod:`simulator.acceptance.latent`: outcomes hit the
+curve q_k over steps exactly; the calibrated confidence c_k is the exact
+probability of acceptance given what the head sees, so c_k is calibrated per
+position and its products ``a_k`` are calibrated for prefix survival.
 
-    L[r, t, k] = mu_k + d[r, t] + position_spread * eps,   d[r, t] = request_spread * z_r + step_spread * zeta
-
-where ``z_r`` is the request's persistent difficulty (a hard chat request stays
-hard), ``zeta`` a per-step shift and ``eps`` per-token noise, all standard
-normal. The token is accepted iff ``L + u > 0`` with u standard normal, so
-``P(accept | L) = Phi(L)``; a step's accepted draft count is the number of
-leading accepted positions. ``mu_k`` is solved, position by position, so that
-the conditional acceptance among steps whose positions 1..k-1 survived equals
-the preset curve q_k exactly (Gauss-Hermite quadrature over d).
-
-The confidence head sees ``O = L + noise_k * eta`` (eta standard normal);
-``noise_k`` is solved so that the AUC of O against the outcome, among steps
-that reached position k, equals the configured AUC. The calibrated confidence
-is ``P(accept | O, positions 1..k-1 survived)``, computed exactly on a grid and
-looked up per step; the raw (uncalibrated) confidence distorts it on the probit
-scale, ``Phi(overconfidence * Phi^-1(c) + bias)``, which is how an
-overconfident head looks before temperature scaling.
+The raw head (``calibrated=False``) is the calibrated one seen through a
+per-position temperature, ``sigmoid(overconfidence_k * logit(c_k) + bias)``:
+overconfidence_k > 1 pushes confidences towards 0 and 1, the miscalibration
+the paper's sequential temperature scaling (STS) removes; ``bias`` shifts
+every logit, a miscalibration no temperature can remove (0 by default).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr, ndtri
+from scipy.special import expit, ndtr, ndtri
 
-from simulator.acceptance.presets import preset
+from simulator.acceptance.curves import AcceptanceCurve
+from simulator.acceptance.latent import DifficultySpec, fit_latent
+from simulator.acceptance.preset_file import AcceptancePreset, PresetError
+from simulator.acceptance.presets import load_preset
 from traces.workload import DOMAINS
 
-_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(24)  # probabilists' Hermite: N(0, 1)
-_WEIGHTS = _WEIGHTS / _WEIGHTS.sum()
-_FIT_POSITIONS = 7  # the paper's protocol: gamma = 7, every draft verified
-_FIT_ROUNDS = 8  # fixed-point rounds for the step weighting (converges to < 1e-6 in tau)
-_GRID_HALF_WIDTH = 8.0  # lookup grid spans +-8 standard deviations of O
-_GRID_POINTS = 801
+log = logging.getLogger(__name__)
+
+# The default head, derived from the paper's Figure 6 by ``python -m calibration.acceptance.confidence --solve``
+# (Qwen3-4B DSpark on Alpaca; docs/acceptance.md). Conditional AUC of c_k (among steps that reached k): one value
+# fits best - the AUC of the prefix survival a_k then rises with k by itself (0.813, 0.827, 0.865, 0.898 at
+# positions 1, 3, 5, 7; the paper: 0.818, 0.812, 0.864, 0.907).
+DEFAULT_AUC = 0.814
+# Raw head: logit temperature per position (past 7: the last), raw ECE of a_k 6.0, 8.1, 5.8, 3.5 % at positions
+# 1, 3, 5, 7 (the paper: 5.7, 8.2, 5.8, 3.3 %).
+DEFAULT_OVERCONFIDENCE: tuple[float, ...] = (1.55, 1.49, 1.42, 1.36, 1.29, 1.23, 1.17)
+LONG_FIT_POSITIONS = 48  # announce a fit of more (curve, position) pairs than this in the log
+ConfidenceSource = Literal["head", "online"]
 
 
-@dataclass(frozen=True)
-class DifficultySpec:
-    """Spreads (probit scale) of the latent ease; see the module docstring."""
-
-    request_spread: float = 0.8
-    step_spread: float = 0.6
-    position_spread: float = 1.5
-
+def _per_position(value: float | tuple[float, ...], gamma: int) -> tuple[float, ...]:
+    """A scalar for every position, or a list whose last value carries on past its end."""
+    values = (value,) if np.isscalar(value) else tuple(value)  # type: ignore[arg-type]
+    return tuple(float(values[min(k, len(values) - 1)]) for k in range(gamma))
 
 
 @dataclass(frozen=True)
 class ConfidenceSpec:
-    """How informative and how well calibrated the confidence head is.
+    """How informative and how well calibrated the drafter's confidences are.
 
-    ``auc``: per-position AUC of the confidence against the outcome (the paper
-    reports 0.81-0.91). ``calibrated``: True gives STS-calibrated confidences,
-    False the raw, overconfident ones.
+    ``auc``: AUC of c_k against the outcome among steps that reached position k, per position (a list; past
+    its end the last value holds) or one value for all; None takes the preset's measured AUC, else
+    :data:`DEFAULT_AUC` (the paper's Figure 6). ``calibrated``: True gives calibrated confidences (after STS),
+    False the raw head (``overconfidence`` per position or one value, ``bias``; see the module docstring).
+    ``source``: ``head`` hands the policies the drafter's confidences; ``online`` an online logistic estimate
+    of acceptance learned from earlier steps' verified outcomes (:mod:`simulator.acceptance.online`).
     """
 
-    auc: float = 0.86
+    auc: float | tuple[float, ...] | None = None
     calibrated: bool = True
-    overconfidence: float = 1.6
-    bias: float = 0.25
+    overconfidence: float | tuple[float, ...] = DEFAULT_OVERCONFIDENCE
+    bias: float = 0.0
+    source: ConfidenceSource = "head"
 
+    def __post_init__(self) -> None:
+        for name in ("auc", "overconfidence"):
+            value = getattr(self, name)
+            if value is not None and not np.isscalar(value):
+                object.__setattr__(self, name, tuple(float(v) for v in value))  # lists from configs: hashable
+        values = () if self.auc is None else np.atleast_1d(np.asarray(self.auc, dtype=float))
+        if self.auc is not None and (len(values) == 0 or not np.all((values > 0.5) & (values < 1.0))):
+            raise ValueError(f"acceptance.confidence.auc={self.auc}: every AUC must lie strictly between 0.5 and 1")
+        temps = np.atleast_1d(np.asarray(self.overconfidence, dtype=float))
+        if len(temps) == 0 or not np.all(np.isfinite(temps) & (temps > 0.0)):
+            raise ValueError(f"acceptance.confidence.overconfidence={self.overconfidence}: every value must be a "
+                             "finite number > 0 (1 = calibrated, > 1 overconfident)")
+        if not np.isfinite(self.bias):
+            raise ValueError(f"acceptance.confidence.bias={self.bias}: must be finite")
+        if self.source not in ("head", "online"):
+            raise ValueError(f"acceptance.confidence.source={self.source}: must be head or online")
 
-def _normal_pdf(x: np.ndarray, sd: float) -> np.ndarray:
-    return np.exp(-0.5 * (x / sd) ** 2) / (sd * np.sqrt(2.0 * np.pi))
+    def aucs(self, gamma: int, preset_auc: tuple[float, ...] | None = None) -> tuple[float, ...]:
+        """The AUC at positions 1..gamma."""
+        auc = self.auc if self.auc is not None else (preset_auc if preset_auc is not None else DEFAULT_AUC)
+        return _per_position(auc, gamma)
 
-
-def _survivor_weights(d: np.ndarray, w: np.ndarray, mus: np.ndarray, position_spread: float) -> np.ndarray:
-    """Weights over the d nodes for steps that survived positions with means ``mus``."""
-    scale = np.sqrt(1.0 + position_spread**2)
-    weights = w * np.prod(ndtr((mus[:, None] + d[None, :]) / scale), axis=0)
-    return weights / weights.sum()
-
-
-def _solve_means(q: np.ndarray, d: np.ndarray, w: np.ndarray, position_spread: float) -> np.ndarray:
-    """mu_k such that the conditional acceptance at every position equals q_k."""
-    scale = np.sqrt(1.0 + position_spread**2)
-    mus = np.empty(q.size)
-    for k in range(q.size):
-        wk = _survivor_weights(d, w, mus[:k], position_spread)
-        mus[k] = brentq(lambda m, wk=wk, target=q[k]: float(wk @ ndtr((m + d) / scale)) - target, -20.0, 20.0)
-    return mus
-
-
-def _fit_step_population(q: np.ndarray, difficulty: DifficultySpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Solve mu_k for the population of *steps*, not of requests.
-
-    Each request emits its output in about L / tau_r steps, so hard requests
-    (persistent low z_r) contribute more steps than easy ones; the paper's
-    per-round averages are over steps. The d nodes are a product grid over
-    (z_r, zeta); the step weight of a request is 1 / tau(z_r) under the fitting
-    protocol (gamma = 7, all verified), found by fixed-point iteration.
-    Returns (mu [gamma], d nodes, step weights of the nodes).
-    """
-    d = (difficulty.request_spread * _NODES[:, None] + difficulty.step_spread * _NODES[None, :]).ravel()
-    w_requests = (_WEIGHTS[:, None] * _WEIGHTS[None, :]).ravel()
-    scale = np.sqrt(1.0 + difficulty.position_spread**2)
-    step_weight = np.ones(_NODES.size)  # per z node
-    for _ in range(_FIT_ROUNDS):
-        w = w_requests * np.repeat(step_weight, _NODES.size)
-        w /= w.sum()
-        mus = _solve_means(q, d, w, difficulty.position_spread)
-        survive = np.cumprod(ndtr((mus[:_FIT_POSITIONS, None] + d[None, :]) / scale), axis=0)
-        tau_nodes = 1.0 + survive.sum(axis=0)  # [nodes]
-        tau_z = (tau_nodes * w_requests).reshape(_NODES.size, _NODES.size).sum(axis=1) / _WEIGHTS
-        step_weight = 1.0 / tau_z
-    return mus, d, w
-
-
-def _grid_tables(mu: float, w: np.ndarray, d: np.ndarray, position_spread: float,
-                 noise: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """On a grid of O: density among survivors, P(accept, O) density, and P(accept | O)."""
-    var_o = position_spread**2 + noise**2
-    sd_total = np.sqrt(float(w @ d**2) + var_o)
-    grid = mu + np.linspace(-_GRID_HALF_WIDTH, _GRID_HALF_WIDTH, _GRID_POINTS) * sd_total
-    gain = position_spread**2 / var_o  # regression of L on O given d
-    post_sd = np.sqrt(1.0 + position_spread**2 * (1.0 - gain))
-    centre = mu + d[:, None]  # [nodes, 1]
-    dens = w[:, None] * _normal_pdf(grid[None, :] - centre, np.sqrt(var_o))  # [nodes, G]
-    p_acc = ndtr((centre + gain * (grid[None, :] - centre)) / post_sd)
-    f_all = dens.sum(axis=0)
-    f_acc = (dens * p_acc).sum(axis=0)
-    return grid, f_all, f_acc
-
-
-def _auc(f_all: np.ndarray, f_acc: np.ndarray) -> float:
-    f_rej = f_all - f_acc
-    below = np.cumsum(f_rej) - 0.5 * f_rej  # rejected mass below each grid point (ties count half)
-    return float((f_acc * below).sum() / (f_acc.sum() * f_rej.sum()))
+    def temperatures(self, gamma: int) -> np.ndarray:
+        return np.asarray(_per_position(self.overconfidence, gamma))
 
 
 @dataclass(frozen=True)
-class _PositionTables:
-    mu: np.ndarray  # [D, gamma]
-    noise: np.ndarray  # [D, gamma]
-    grid_lo: np.ndarray  # [D, gamma]
-    grid_step: np.ndarray  # [D, gamma]
-    confidence: np.ndarray  # [D, gamma, G] confidence at each grid point of O
+class _Class:
+    """One curve requests can follow: a domain's or a benchmark's."""
+
+    name: str
+    domain: str
+    curve: AcceptanceCurve
 
 
-@lru_cache(maxsize=64)
-def _build_tables(drafter: str, gamma: int, difficulty: DifficultySpec, conf: ConfidenceSpec) -> _PositionTables:
-    shape = (len(DOMAINS), gamma)
-    mu, noise = np.zeros(shape), np.zeros(shape)
-    lo, step = np.zeros(shape), np.zeros(shape)
-    table = np.zeros((*shape, _GRID_POINTS))
-    for i, domain in enumerate(DOMAINS):
-        q = preset(drafter, domain).conditional(max(gamma, _FIT_POSITIONS))
-        mus, d, w_steps = _fit_step_population(q, difficulty)
-        mu[i] = mus[:gamma]
-        for k in range(gamma):
-            w = _survivor_weights(d, w_steps, mu[i, :k], difficulty.position_spread)
+def acceptance_classes(preset: AcceptancePreset, benchmark_mix: Mapping[str, float] | None
+                       ) -> tuple[list[_Class], dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """The curves of ``preset`` requests follow, and per domain index (classes [m], cumulative weights [m]).
 
-            def auc_gap(log_noise: float, mu_k: float = mu[i, k], w: np.ndarray = w, d: np.ndarray = d) -> float:
-                return _auc(*_grid_tables(mu_k, w, d, difficulty.position_spread, np.exp(log_noise))[1:]) - conf.auc
-
-            best = auc_gap(-12.0) + conf.auc
-            if conf.auc >= best:
-                raise ValueError(
-                    f"confidence AUC {conf.auc} is above what the latent spread allows for {drafter}/{domain} "
-                    f"position {k + 1} (at most {best:.3f}); raise difficulty spreads or lower the AUC")
-            if conf.auc <= 0.5:
-                raise ValueError(f"confidence AUC must be above 0.5, got {conf.auc}")
-            noise[i, k] = np.exp(brentq(auc_gap, -12.0, 6.0, xtol=1e-6))
-            grid, f_all, f_acc = _grid_tables(mu[i, k], w, d, difficulty.position_spread, noise[i, k])
-            calibrated = np.clip(f_acc / np.maximum(f_all, 1e-300), 0.0, 1.0)
-            if not conf.calibrated:
-                clipped = np.clip(calibrated, 1e-12, 1 - 1e-12)
-                calibrated = ndtr(conf.overconfidence * ndtri(clipped) + conf.bias)
-            lo[i, k], step[i, k] = grid[0], grid[1] - grid[0]
-            table[i, k] = calibrated
-    return _PositionTables(mu, noise, lo, step, table)
+    A domain with benchmarks in the mix draws among them by weight; any other domain follows its own curve.
+    """
+    mix = dict(benchmark_mix or {})
+    bad = {b: w for b, w in mix.items() if not (np.isfinite(w) and w >= 0.0)}
+    if bad or (mix and sum(mix.values()) <= 0.0):
+        raise PresetError(f"benchmark_mix needs non-negative weights with a positive sum, got {mix}")
+    classes, by_domain = [], {}
+    for d_idx, domain in enumerate(DOMAINS):
+        chosen = [(b, w) for b, w in mix.items() if w > 0.0 and preset.benchmark(b)[0] == domain]
+        if chosen:
+            weights = np.array([w for _, w in chosen])
+            ids = [len(classes) + i for i in range(len(chosen))]
+            classes += [_Class(b, domain, preset.benchmark(b)[1]) for b, _ in chosen]
+            by_domain[d_idx] = (np.array(ids), np.cumsum(weights) / weights.sum())
+        elif domain in preset.domains:
+            by_domain[d_idx] = (np.array([len(classes)]), np.ones(1))
+            classes.append(_Class(domain, domain, preset.domains[domain]))
+    return classes, by_domain
 
 
 class AcceptanceModel:
-    """Samples, per engine step, the confidences and true accepted draft counts."""
+    """Samples, per engine step, the confidences and true accepted draft counts of a preset's drafter."""
 
-    def __init__(self, drafter: str, gamma: int, difficulty: DifficultySpec | None = None,
-                 confidence: ConfidenceSpec | None = None) -> None:
-        self.drafter = drafter
+    def __init__(self, preset: str | AcceptancePreset, gamma: int, difficulty: DifficultySpec | None = None,
+                 confidence: ConfidenceSpec | None = None, benchmark_mix: Mapping[str, float] | None = None) -> None:
+        self.preset = preset if isinstance(preset, AcceptancePreset) else load_preset(preset)
         self.gamma = gamma
         self.difficulty = difficulty or DifficultySpec()
         self.confidence_spec = confidence or ConfidenceSpec()
-        self.tables = _build_tables(drafter, gamma, self.difficulty, self.confidence_spec)
-        t = self.tables
-        # One gather per step: [6, D, gamma] of mu, the loadings of (A, C) on two
-        # standard normals (see sample_step), grid_lo and 1 / grid_step.
-        p_sd = self.difficulty.position_spread
-        scale_a = np.sqrt(p_sd**2 + 1.0) * np.ones_like(t.mu)
-        mix_c = p_sd**2 / scale_a
-        scale_c = np.sqrt(p_sd**2 + t.noise**2 - mix_c**2)
-        self._params = np.stack((t.mu, scale_a, mix_c, scale_c, t.grid_lo, 1.0 / t.grid_step))  # [6, D, gamma]
-        self._table_offsets = (np.arange(len(DOMAINS))[:, None] * gamma + np.arange(gamma)) * _GRID_POINTS
-        self._by_gamma: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._flat_table = t.confidence.reshape(-1)
+        self.classes, self._by_domain = acceptance_classes(self.preset, benchmark_mix)
+        self._aucs = self.confidence_spec.aucs(gamma, self.preset.confidence_auc)
+        self._temperatures = self.confidence_spec.temperatures(gamma)  # [gamma]
+        num = len(self.classes)
+        self._params = np.full((5, num, gamma), np.nan)  # mu, loading of W on n0, on n1, 1/psd, per class
+        self._fitted = np.zeros(num, dtype=bool)
+        self._single = np.full(len(DOMAINS), -1)  # class of a domain with one class, else -1
+        for d_idx, (ids, _) in self._by_domain.items():
+            if ids.size == 1:
+                self._single[d_idx] = ids[0]
 
-    def _per_gamma(self, g: int) -> tuple[np.ndarray, np.ndarray]:
-        """Contiguous parameter and table-offset arrays for the first g positions."""
-        if g not in self._by_gamma:
-            self._by_gamma[g] = (np.ascontiguousarray(self._params[:, :, :g]),
-                                 np.ascontiguousarray(self._table_offsets[:, :g]))
-        return self._by_gamma[g]
+    @property
+    def drafter(self) -> str:
+        return self.preset.name
+
+    def _fit(self, class_ids: np.ndarray) -> None:
+        """Fit the latent model of the classes not fitted yet (cached across models with the same inputs)."""
+        todo = [int(c) for c in class_ids if not self._fitted[c]]
+        if not todo:
+            return
+        if len(todo) * self.gamma > LONG_FIT_POSITIONS:
+            log.info("fitting the acceptance model of preset %s: %d curve(s) x %d positions", self.preset.name,
+                     len(todo), self.gamma)
+        started = time.perf_counter()
+        spread = self.difficulty.position_spread
+        scale_a = np.sqrt(spread**2 + 1.0)
+        for c in todo:
+            cls = self.classes[c]
+            fit = fit_latent(cls.curve, self.gamma, self.difficulty, self._aucs, self.preset.fit_positions,
+                             f"preset {self.preset.name}, {cls.name}")
+            if fit.floored:
+                lowest = ", ".join(f"{fit.auc_range[k - 1, 0]:.3f}" for k in fit.floored)
+                log.warning("preset %s, %s: a confidence AUC of %s at position(s) %s is below what knowing the "
+                            "step's difficulty alone gives (%s): the head uses that (acceptance.confidence.auc)",
+                            self.preset.name, cls.name, ", ".join(f"{self._aucs[k - 1]:.3f}" for k in fit.floored),
+                            ", ".join(map(str, fit.floored)), lowest)
+            cov = fit.gain * spread**2  # Cov(A, W) = Var(W): A = s eps + u, W = g (s eps + n eta)
+            self._params[:, c] = (fit.mu, cov / scale_a, np.sqrt(np.maximum(cov - cov**2 / scale_a**2, 0.0)),
+                                  1.0 / np.sqrt(1.0 + spread**2 * (1.0 - fit.gain)), np.full(self.gamma, scale_a))
+            self._fitted[c] = True
+        log.debug("acceptance model %s: %d curve(s) fitted in %.2f s", self.preset.name, len(todo),
+                  time.perf_counter() - started)
 
     def request_difficulty(self, rng: np.random.Generator, num_requests: int) -> np.ndarray:
-        """Persistent per-request difficulty z_r -> [N]."""
+        """Persistent per-request difficulty z_r ~ N(0, 1) -> [N] (with a benchmark mix it also picks the curve)."""
         return rng.standard_normal(num_requests)
+
+    def request_classes(self, domain_idx: np.ndarray, difficulty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The curve (class index) [R] each request follows, and its ease z [R] on that curve.
+
+        In a domain with several curves, u = Phi(z) picks the curve by the cumulative weights and the position
+        of u inside the curve's interval gives back a standard normal z, independent of the pick.
+        """
+        cls = self._single[domain_idx]
+        if np.any(cls < 0):
+            missing = sorted({DOMAINS[d] for d in np.unique(domain_idx[cls < 0]) if d not in self._by_domain})
+            if missing:
+                raise PresetError(f"acceptance preset {self.preset.name} ({self.preset.path}) has no curve for "
+                                  f"domain(s) {missing}; it has {', '.join(self.preset.domains)}")
+        mixed = cls < 0
+        z = difficulty
+        if mixed.any():
+            z, cls = difficulty.copy(), cls.copy()
+            for d_idx in np.unique(domain_idx[mixed]):
+                rows = np.flatnonzero(domain_idx == d_idx)
+                ids, cum = self._by_domain[int(d_idx)]
+                u = ndtr(difficulty[rows])
+                pick = np.minimum(np.searchsorted(cum, u, side="right"), ids.size - 1)
+                low = np.concatenate(([0.0], cum[:-1]))[pick]
+                # |z| > 8 (probability 1e-15) would give an infinite ease: keep inside the float range.
+                z[rows] = ndtri(np.clip((u - low) / (cum[pick] - low), 1e-16, 1.0 - 1e-16))
+                cls[rows] = ids[pick]
+        return cls, z
 
     def sample_step(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
                     num_draft_tokens: int, decoded_tokens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Confidences [R, g] and accepted draft counts [R] for one step (g = num_draft_tokens).
 
-        ``decoded_tokens`` [R] (output tokens each request has decoded) is accepted for the interface's sake;
-        the parametric model does not depend on the position in the output.
+        ``decoded_tokens`` [R] is accepted for the interface's sake; this model does not depend on it.
         """
         g = num_draft_tokens
         num_requests = domain_idx.shape[0]
@@ -224,22 +224,24 @@ class AcceptanceModel:
             return np.zeros((num_requests, g)), np.zeros(num_requests, dtype=np.int64)
         if g > self.gamma:
             raise ValueError(f"{g} draft tokens requested but the acceptance model was built for gamma={self.gamma}")
+        cls, z = self.request_classes(domain_idx, difficulty)
+        self._fit(np.unique(cls))
+        mu, load0, load1, inv_psd, scale_a = self._params[:, cls, :g]  # each [R, g]
         spec = self.difficulty
-        params, offsets = self._per_gamma(g)
-        mu, scale_a, mix_c, scale_c, grid_lo, inv_step = np.take(params, domain_idx, axis=1)  # each [R, g]
-        # (A, C) = (pos_spread*eps + u, pos_spread*eps + noise*eta) is bivariate normal: two draws suffice.
+        # (A, W) of the latent model is bivariate normal: two draws per token suffice.
         n = rng.standard_normal((2, num_requests, g))
-        shift = spec.request_spread * difficulty + spec.step_spread * rng.standard_normal(num_requests)
+        shift = spec.request_spread * z + spec.step_spread * rng.standard_normal(num_requests)
         base = mu + shift[:, None]  # [R, g]
-        rejected = base + scale_a * n[0] <= 0.0  # [R, g]
+        rejected = base + scale_a * n[0] <= 0.0
         # Accepted draft count = index of the first rejection (g when there is none).
         accepted = np.argmax(np.concatenate((rejected, np.ones((num_requests, 1), dtype=bool)), axis=1), axis=1)
-        observed = base + mix_c * n[0] + scale_c * n[1]
-        # Linear interpolation in the per-(domain, position) table of P(accept | O).
-        # O beyond +-8 sd has probability < 1e-15; the table is flat (0 or 1) there.
-        pos = np.clip((observed - grid_lo) * inv_step, 0.0, _GRID_POINTS - 1.000001)
-        i0 = pos.astype(np.int64)
-        frac = pos - i0
-        idx = i0 + np.take(offsets, domain_idx, axis=0)
-        flat = self._flat_table
-        return flat[idx] * (1.0 - frac) + flat[idx + 1] * frac, accepted
+        confidence = ndtr((base + load0 * n[0] + load1 * n[1]) * inv_psd)
+        if not self.confidence_spec.calibrated:
+            confidence = self.raw(confidence)
+        return confidence, accepted
+
+    def raw(self, calibrated: np.ndarray) -> np.ndarray:
+        """The raw head's confidences [R, g] for calibrated ones (see the module docstring)."""
+        c = np.clip(calibrated, 1e-12, 1.0 - 1e-12)
+        temps = self._temperatures[: c.shape[1]]
+        return expit(temps * np.log(c / (1.0 - c)) + self.confidence_spec.bias)

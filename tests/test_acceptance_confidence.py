@@ -1,0 +1,109 @@
+"""The parametric confidence head: per-position AUC, calibration of prefix survival, and Figure 6 from its samples.
+
+Samples come from the offline protocol (every draft verified, whole
+requests), the population of steps the AUCs are defined over. With about 70k
+rounds an AUC's standard error is about 0.003 and an ECE's noise floor about
+0.3 %, so the tolerances below are several of those wide.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibration.acceptance.confidence import figure6_table, sample, survival_auc
+from calibration.acceptance.sts import auc, ece, fit_sts
+from simulator.acceptance.offline import run_offline
+from simulator.acceptance.paper import FIGURE6_AUC, FIGURE6_ECE_RAW, FIGURE6_POSITIONS
+from simulator.acceptance.parametric import DEFAULT_OVERCONFIDENCE, AcceptanceModel, ConfidenceSpec
+
+
+def rounds(confidence: ConfidenceSpec, preset: str = "qwen3-8b_dflash", domain: str = "code", seed: int = 0):
+    model = AcceptanceModel(preset, 7, confidence=confidence)
+    result = run_offline(model, domain, 7, np.random.default_rng(seed), 4000, 64, collect=True)
+    return result.confidence, result.accepted
+
+
+def conditional_auc(confidence: np.ndarray, accepted: np.ndarray, k: int) -> float:
+    """AUC of c_k against acceptance among rounds that reached position k (1-based)."""
+    reached = accepted >= k - 1
+    return auc(confidence[reached, k - 1], accepted[reached] >= k)
+
+
+def test_auc_is_set_per_position():
+    wanted = (0.78, 0.80, 0.83, 0.85, 0.87, 0.88, 0.89)
+    confidence, accepted = rounds(ConfidenceSpec(auc=wanted))
+    for k, target in enumerate(wanted, start=1):
+        assert conditional_auc(confidence, accepted, k) == pytest.approx(target, abs=0.015), f"position {k}"
+
+
+def test_one_auc_stands_for_every_position_and_a_list_carries_its_last_value_on():
+    one = rounds(ConfidenceSpec(auc=0.84))
+    listed = rounds(ConfidenceSpec(auc=[0.84, 0.84]))
+    np.testing.assert_array_equal(one[0], listed[0])
+    np.testing.assert_array_equal(one[1], listed[1])
+
+
+@pytest.mark.parametrize("preset, domain", [("qwen3-8b_dflash", "code"), ("qwen3-4b_eagle3", "chat")])
+def test_calibrated_confidence_is_calibrated_for_prefix_survival(preset, domain):
+    confidence, accepted = rounds(ConfidenceSpec(), preset, domain)
+    survival = np.cumprod(confidence, axis=1)
+    for k in range(1, 8):
+        observed = (accepted >= k).mean()
+        assert survival[:, k - 1].mean() == pytest.approx(observed, abs=0.006), f"a_{k}"
+        assert ece(survival[:, k - 1], (accepted >= k).astype(float)) < 0.01, f"ECE of a_{k}"
+        reached = accepted >= k - 1  # and each c_k among the rounds that reached k
+        assert confidence[reached, k - 1].mean() == pytest.approx((accepted[reached] >= k).mean(), abs=0.008)
+
+
+@pytest.fixture(scope="module")
+def figure6():
+    result, model = sample(ConfidenceSpec(), seed=5)
+    return result, model, figure6_table(result, model).set_index("position")
+
+
+@pytest.mark.parametrize("position, paper", list(zip(FIGURE6_POSITIONS, FIGURE6_AUC, strict=True)))
+def test_survival_auc_follows_figure6(figure6, position, paper):
+    assert figure6[2].loc[position, "auc"] == pytest.approx(paper, abs=0.02)
+
+
+@pytest.mark.parametrize("position, paper", list(zip(FIGURE6_POSITIONS, FIGURE6_ECE_RAW, strict=True)))
+def test_raw_head_ece_follows_figure6_and_sts_takes_it_to_about_one_percent(figure6, position, paper):
+    table = figure6[2]
+    assert table.loc[position, "ece_raw"] == pytest.approx(paper, abs=0.015)
+    assert table.loc[position, "ece_sts"] < 0.012
+
+
+def test_sts_removes_the_raw_heads_miscalibration_for_the_right_reason(figure6):
+    """The raw head is the calibrated one through a temperature per position: STS finds those temperatures."""
+    result, model, _ = figure6
+    raw = model.raw(result.confidence)
+    fitted = fit_sts(raw, result.accepted).temperatures
+    np.testing.assert_allclose(fitted, DEFAULT_OVERCONFIDENCE, rtol=0.08)
+    assert survival_auc(result.confidence, result.accepted, 1) == pytest.approx(
+        survival_auc(raw, result.accepted, 1))  # a temperature never changes the order at position 1
+
+
+def test_a_logit_bias_is_what_sts_cannot_remove():
+    spec = ConfidenceSpec(calibrated=False, overconfidence=1.0, bias=0.8)
+    confidence, accepted = rounds(spec)
+    calibrated = fit_sts(confidence, accepted).apply(confidence)
+    errors = [ece(np.prod(calibrated[:, :k], axis=1), (accepted >= k).astype(float)) for k in range(1, 8)]
+    assert max(errors) > 0.02  # temperature scaling alone leaves a shift behind
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"auc": 0.4}, "strictly between 0.5 and 1"),
+    ({"auc": [0.8, 1.0]}, "strictly between 0.5 and 1"),
+    ({"overconfidence": [1.2, 0.0]}, "finite number > 0"),
+    ({"source": "oracle"}, "must be head or online"),
+])
+def test_bad_confidence_settings_name_the_key(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ConfidenceSpec(**kwargs)
+
+
+def test_an_unreachable_auc_names_the_position_and_the_range():
+    model = AcceptanceModel("qwen3-8b_eagle3", 7, confidence=ConfidenceSpec(auc=(0.8, 0.99)))
+    with pytest.raises(ValueError, match=r"auc=0\.990 at position 2 cannot be reached .* reaches 0\.\d+\.\.0\.\d+"):
+        model.sample_step(np.random.default_rng(0), np.zeros(4, dtype=np.int64), np.zeros(4), 7)
