@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 
 from calibration.fitting.cli import main as fit_main
 from calibration.fitting.export import ExportOptions, profiles
@@ -16,7 +19,9 @@ from calibration.fitting.readers import read_results
 from calibration.fitting.runs import ResultsError, observe
 from calibration.fitting.synthetic import SyntheticPoint, synthetic_run
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
-from experiments.intervals import with_intervals
+from calibration.validation.bench_export import write_benchmark
+from calibration.validation.report import pooled_summary
+from experiments.intervals import draw_intervals, with_intervals
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.profile import profile_from_dict
@@ -277,3 +282,34 @@ def test_interval_is_carried_into_the_summary():
     assert low <= summary["output_tokens_per_s"] <= high and high > 1.1 * low
     assert summary["tokens_per_s_per_user_low"]["mean"] < summary["tokens_per_s_per_user_high"]["mean"]
     assert summary["interval_profiles"] == ["per_request_s.high", "per_request_s.low"]
+
+
+def test_benchmark_export_of_loop_results_reads_back(tmp_path: Path, default_profile):
+    # Simulator results have the real loop's schema (the validation pools both alike): two slices of a point.
+    spec = SimulationSpec(policy=make_policy("mtp3"), profile=default_profile, drafter=DrafterSpec("dspark", 7),
+                          cluster=ClusterSpec(num_prefill_instances=1, limits=EngineLimits(4, 100_000)),
+                          traffic=TrafficSpec(arrival="closed", num_users=4, domain_mix={"chat": 1.0},
+                                              max_output_tokens=128, max_prompt_tokens=512),
+                          duration_s=1.0, warmup_s=0.2, seed=3)
+    slices = [simulate(spec), simulate(dataclasses.replace(spec, seed=4))]
+    paths = write_benchmark({("mtp3", 4): slices, ("greedy", 4): slices}, "dspark", 7, "sim", tmp_path)
+    assert set(paths) == {"bench_mtp3_u4", "bench_csv"}  # greedy verifies varying lengths: no fixed-k record
+    (from_json,), (from_csv,) = read_results([paths["bench_mtp3_u4"]]), read_results([paths["bench_csv"]])
+    pooled = pooled_summary(slices)
+    for run in (from_json, from_csv):
+        assert (run.spec_method, run.num_speculative_tokens) == ("dspark", 3)
+        assert run.acceptance_length == pytest.approx(pooled["mean_acceptance_length"])
+        assert run.mean_decode_requests == pytest.approx(pooled["mean_num_requests"])
+        assert run.output_tokens_per_s == pytest.approx(pooled["output_tokens_per_s"])
+        assert observe(run).step_s == pytest.approx(pooled["tpot_s"]["mean"] * pooled["mean_acceptance_length"])
+
+
+def test_error_bars_from_a_sweep_table():
+    sweep = pd.DataFrame({"tokens_per_s_per_user_mean": [100.0, 50.0], "output_tokens_per_s_per_gpu": [1e3, 2e3],
+                          "tokens_per_s_per_user_low_mean": [80.0, 40.0],
+                          "tokens_per_s_per_user_high_mean": [120.0, 60.0],
+                          "output_tokens_per_s_per_gpu_low": [900.0, 1800.0],
+                          "output_tokens_per_s_per_gpu_high": [1100.0, 2500.0]})
+    ax = Figure().add_subplot()
+    assert draw_intervals(ax, sweep)
+    assert not draw_intervals(Figure().add_subplot(), sweep.drop(columns=["output_tokens_per_s_per_gpu_low"]))

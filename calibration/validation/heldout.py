@@ -96,15 +96,36 @@ def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: Hard
     return pooled_summary(slices) if len(slices) > 1 else slices[0].summary
 
 
-def _row(point: tuple[str, int], central: dict[str, Any], alternatives: list[dict[str, Any]],
+def step_error(cfg: ValidationConfig, name: str, slices: list[Any], profile: HardwareProfile) -> float:
+    """The cost model alone: ``profile``'s price of the real loop's own steps in the windows (their R and B, the
+    policy's draft tokens, its decision when charged; no attention: the fit folds it into per-request cost) over
+    their measured duration, less one. Acceptance and decisions play no part: they are the real ones."""
+    policy = make_policy(name)
+    g = policy.draft_tokens(cfg.gamma)
+    charged = bool(g) and profile.charges_decision(policy.synchronous)
+    predicted_s, measured_s = 0.0, 0.0
+    for part in slices:
+        start_s, end_s = part.spec.warmup_s, part.spec.warmup_s + part.summary["window_s"]
+        steps = part.steps[(part.steps["end_at"] > start_s) & (part.steps["end_at"] <= end_s)]
+        for r, b in zip(steps["num_requests"].astype(int), steps["batch_tokens"].astype(int), strict=True):
+            predicted_s += profile.verify_s(r, b) + profile.draft_s(cfg.drafter, r, g) + (
+                profile.scheduler_s(r * g, name) if charged else 0.0)
+        measured_s += float((steps["end_at"] - steps["start_at"]).sum())
+    return predicted_s / measured_s - 1.0
+
+
+def _row(point: tuple[str, int], central: dict[str, Any], alternatives: dict[str, dict[str, Any]],
          real: dict[str, Any], drift: float) -> dict[str, Any]:
     name, users = point
     row = point_row(name, users, central, real, drift)
     row["role"] = "fitted from" if name in FIT_POLICIES else "held out"
     for metric, path in (("throughput", ("output_tokens_per_s",)), ("tpu_mean", ("tokens_per_s_per_user", "mean"))):
-        values = np.array([row[f"{metric}_sim"]] + [_read(a, path) for a in alternatives])
+        names = ["central", *alternatives]
+        values = np.array([row[f"{metric}_sim"]] + [_read(a, path) for a in alternatives.values()])
         missing = bool(np.isnan(values).any())  # a run too short to finish a request has no tok/s/user
         low, high = (np.nan, np.nan) if missing else (float(values.min()), float(values.max()))
+        if not missing:
+            row[f"{metric}_low_by"], row[f"{metric}_high_by"] = names[values.argmin()], names[values.argmax()]
         real_value = row[f"{metric}_real"]
         row[f"{metric}_low"], row[f"{metric}_high"] = low, high
         row[f"{metric}_covered"] = bool(low <= real_value <= high)
@@ -127,25 +148,30 @@ def run_heldout(cfg: ValidationConfig, out: Path, progress: Callable[[str], None
     progress("fitting a profile to the none/mtp1/mtp3 benchmark results")
     report, data = fit_from_benchmarks(out / "bench" / "runs.csv", cfg, validation.profile, created)
     central = profile_from_dict(data, str(out / "fitted_profile.json"))
-    alternatives = [profile_from_dict(a, f"alternative {n}")
-                    for n, a in data["metadata"]["fit"]["alternatives"].items()]
+    alternatives = {n: profile_from_dict(a, f"alternative {n}")
+                    for n, a in data["metadata"]["fit"]["alternatives"].items()}
     drifts = dict(zip(zip(validation.table["policy"], validation.table["num_users"], strict=True),
                       validation.table["machine_drift"], strict=True))
     rows = []
     for point, slices in validation.real.items():
         progress(f"{point[0]} users={point[1]}: simulating with the fitted profile and its alternatives")
         real = pooled_summary(slices) if len(slices) > 1 else slices[0].summary
-        sims = [_simulate_point(cfg, point, p, logs, validation.profile) for p in [central, *alternatives]]
-        rows.append(_row(point, sims[0], sims[1:], real, float(drifts[point])))
+        sims = {n: _simulate_point(cfg, point, p, logs, validation.profile) for n, p in alternatives.items()}
+        row = _row(point, _simulate_point(cfg, point, central, logs, validation.profile), sims, real,
+                   float(drifts[point]))
+        row["step_err"] = step_error(cfg, point[0], slices, central)
+        rows.append(row)
     return HeldOut(validation, report, data, pd.DataFrame(rows))
 
 
 def markdown(table: pd.DataFrame) -> str:
-    header = ["policy", "users", "role", "machine drift", "throughput real", "predicted [interval]", "error",
-              "tok/s/user real", "predicted [interval]", "error", "pass"]
+    header = ["policy", "users", "role", "machine drift", "tau sim / real", "step cost error",
+              "throughput real", "predicted [interval]", "error", "tok/s/user real", "predicted [interval]", "error",
+              "pass"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.to_dict("records"):
-        cells = [row["policy"], str(row["num_users"]), row["role"], f"{100 * row['machine_drift']:+.1f}%"]
+        cells = [row["policy"], str(row["num_users"]), row["role"], f"{100 * row['machine_drift']:+.1f}%",
+                 f"{row['tau_sim']:.2f} / {row['tau_real']:.2f}", f"{100 * row['step_err']:+.1f}%"]
         for metric in ("throughput", "tpu_mean"):
             cells += [f"{row[f'{metric}_real']:.1f}",
                       f"{row[f'{metric}_sim']:.1f} [{row[f'{metric}_low']:.1f}, {row[f'{metric}_high']:.1f}]",
@@ -162,6 +188,14 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
         err = held[f"{metric}_err"].abs() * 100
         lines.append(f"held out, {label}: mean |error| {err.mean():.1f}%, worst {err.max():.1f}%, "
                      f"{int(held[f'{metric}_pass'].sum())}/{len(held)} points within {100 * WITHIN:.0f}% or covered")
+    step = held["step_err"].abs() * 100
+    lines.append(f"held out, the cost model alone (fitted profile's price of the real steps): mean |error| "
+                 f"{step.mean():.1f}%, worst {step.max():.1f}%")
+    wide = held[(held["throughput_err"].abs() > WITHIN) & held["throughput_covered"]]
+    for row in wide.to_dict("records"):
+        lines.append(f"{row['policy']} at {row['num_users']} users: the throughput interval is wide between "
+                     f"{row['throughput_low_by']} and {row['throughput_high_by']}, which the none/mtp1/mtp3 runs "
+                     "cannot tell apart")
     drift = table["machine_drift"].abs() * 100
     lines.append(f"machine drift (reference probe around the real slices vs during profiling): mean |drift| "
                  f"{drift.mean():.1f}%, worst {drift.max():.1f}%")
