@@ -85,7 +85,8 @@ def table1(protocol: str, num_requests: int, seed: int) -> list[float]:
             found = load_preset(name)
             cells = []
             for bench, paper in table1_tau(target, drafter).items():
-                tau, _ = run(name, found.benchmark(bench)[0], num_requests, seed, bench)
+                # A seed per cell: the cells' sampling errors are independent, not one shared draw of requests.
+                tau, _ = run(name, found.benchmark(bench)[0], num_requests, seed + len(errors), bench)
                 errors.append(abs(100.0 * (tau / paper - 1.0)))
                 cells.append(f"{bench} {tau:.2f}/{paper:.2f} ({100.0 * (tau / paper - 1.0):+.1f}%)")
             print(f"{target:10} {drafter:6} " + "  ".join(cells))

@@ -187,6 +187,6 @@ def check_preset(preset: AcceptancePreset, rows: list[Row], seed: int = 0, num_r
         records.append({"class": row.name, "domain": row.domain, "gamma": row.gamma, "tau_input": given,
                         "tau_preset": curve.tau(row.gamma), "tau_simulated": simulated.tau,
                         "error_pct": 100.0 * (simulated.tau / given - 1.0),
-                        "q1_input": (row.conditional or row.survival or (None,))[0],
+                        "q1_input": (row.conditional or row.survival or (np.nan,))[0],
                         "q1_simulated": float(simulated.conditional[0])})
     return pd.DataFrame(records)

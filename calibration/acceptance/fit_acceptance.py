@@ -104,7 +104,7 @@ def format_check(preset: AcceptancePreset, check: pd.DataFrame, path: Path) -> s
     worst = float(check["error_pct"].abs().max())
     lines = [f"{path}: {preset.target} / {preset.drafter}, {len(preset.benchmarks)} benchmark and "
              f"{len(preset.domains)} domain curves (fit at gamma {preset.fit_positions})",
-             check.to_string(index=False, float_format=lambda v: f"{v:.3f}"),
+             check.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-"),
              f"largest |simulated - input| / input: {worst:.2f}%"]
     return "\n".join(lines)
 
