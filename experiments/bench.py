@@ -3,10 +3,13 @@
 Two measurements per (R, gamma):
 * engine steps per wall second: one decode engine with R long-running
   requests (so R stays fixed), the whole SimPy loop included (acceptance
-  sampling, policy, bookkeeping);
-* scheduler microseconds per decision: ``policy.decide`` alone on a
-  random snapshot of R x gamma confidences.
-Pin the process to one core (``taskset -c 0``) for one-core figures.
+  sampling, policy, bookkeeping), for ``--policy``;
+* scheduler microseconds per decision: ``policy.decide`` alone on random
+  snapshots of R x gamma confidences (and two stale pools), for each of
+  ``--decision-policies``. Each decision is timed on its own and the median is
+  printed, so that a shared machine's pauses do not count.
+Pin the process to one core (``taskset -c 0``) for one-core figures;
+``--decisions-only`` skips the engine loop.
 """
 
 from __future__ import annotations
@@ -47,34 +50,48 @@ def engine_steps_per_s(policy_name: str, num_requests: int, gamma: int, hardware
 
 
 def decision_us(policy_name: str, num_requests: int, gamma: int, hardware: str, repeats: int) -> float:
+    """Median microseconds of one ``decide`` over ``repeats`` calls cycling through 8 random snapshots."""
     policy = make_policy(policy_name)
     rng = np.random.default_rng(0)
     profile = load_profile(hardware)
     cost = profile.cost_curve(num_requests)
     views = [StepView(confidence=rng.uniform(0.3, 1.0, (num_requests, gamma)), cost=cost,
                       history=(rng.uniform(0.3, 1.0, (num_requests, gamma)),) * 2) for _ in range(8)]
-    start = time.perf_counter()
+    for view in views:  # warm up: first-use work (imports, the cost curve's memo) is not per decision
+        policy.decide(view)
+    elapsed_s = np.empty(repeats)
+    clock = time.perf_counter
     for i in range(repeats):
-        policy.decide(views[i % len(views)])
-    return (time.perf_counter() - start) / repeats * 1e6
+        view = views[i % len(views)]
+        start = clock()
+        policy.decide(view)
+        elapsed_s[i] = clock() - start
+    return float(np.median(elapsed_s)) * 1e6
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policy", default="dspark", help="policy name (default dspark)")
+    parser.add_argument("--policy", default="dspark", help="policy of the engine loop (default dspark)")
+    parser.add_argument("--decision-policies", default="dspark,greedy,threshold",
+                        help="comma-separated policies whose decisions are timed (default dspark,greedy,threshold)")
     parser.add_argument("--hardware", default="h200_qwen3-8b_analytic", help="profile name or path")
     parser.add_argument("--requests", default="32,128,256", help="comma-separated R values")
     parser.add_argument("--gammas", default="5,7,16", help="comma-separated gamma values")
     parser.add_argument("--steps", type=int, default=3000, help="engine steps timed per point")
     parser.add_argument("--repeats", type=int, default=2000, help="policy decisions timed per point")
-    args = parser.parse_args()
-    print(f"policy {args.policy}, hardware {args.hardware}")
-    print(f"{'R':>5} {'gamma':>5} {'engine steps/s':>15} {'decide us':>10}")
+    parser.add_argument("--decisions-only", action="store_true", help="time decisions only, not the engine loop")
+    args = parser.parse_args(argv)
+    deciders = args.decision_policies.split(",")
+    print(f"engine policy {args.policy}, hardware {args.hardware}; decision times are medians")
+    header = f"{'R':>5} {'gamma':>5} {'engine steps/s':>15}"
+    print(header + "".join(f" {name + ' us':>13}" for name in deciders))
     for num_requests in (int(x) for x in args.requests.split(",")):
         for gamma in (int(x) for x in args.gammas.split(",")):
-            steps = engine_steps_per_s(args.policy, num_requests, gamma, args.hardware, args.steps)
-            us = decision_us(args.policy, num_requests, gamma, args.hardware, args.repeats)
-            print(f"{num_requests:>5} {gamma:>5} {steps:>15,.0f} {us:>10.1f}")
+            steps = float("nan") if args.decisions_only else engine_steps_per_s(
+                args.policy, num_requests, gamma, args.hardware, args.steps)
+            times = [decision_us(name, num_requests, gamma, args.hardware, args.repeats) for name in deciders]
+            print(f"{num_requests:>5} {gamma:>5} {steps:>15,.0f}" + "".join(f" {us:>13.1f}" for us in times),
+                  flush=True)
 
 
 if __name__ == "__main__":
