@@ -80,7 +80,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         _row("e2e latency (finished)", s["e2e_s"], "s", 1.0, "9.2f"),
         "",
         f"mean acceptance length  {_num(s['mean_acceptance_length'], '.3f')} tokens/step (tau, bonus included)",
-        f"draft acceptance rate   {_num(s['draft_acceptance_rate'], '.3f')}",
+        f"acceptance rate         {_num(s['acceptance_rate_with_bonus'], '.3f')} with the bonus token (the paper's, "
+        f"tau / (1 + l));  {_num(s['acceptance_rate_draft_only'], '.3f')} draft tokens only (vLLM's)",
         f"verification budget     {_num(s['verification_budget_per_request'], '.2f')} tokens/request/step",
         f"mean batch              {_num(s['mean_num_requests'], '.1f')} requests, "
         f"{_num(s['mean_batch_tokens'], '.1f')} tokens",

@@ -5,7 +5,10 @@ Names follow vLLM's speculative-decoding metrics where one exists:
 one request-step), ``draft_acceptance_rate`` = accepted / verified draft tokens,
 ``acceptance_rate_per_position[k]`` = drafts with >= k+1 accepted tokens /
 drafts that verified >= k+1 tokens (the paper's conditional acceptance is
-``accepted_per_position[k] / accepted_per_position[k-1]``).
+``accepted_per_position[k] / accepted_per_position[k-1]``). Both acceptance rates
+are reported by name: ``acceptance_rate_with_bonus`` = (accepted + drafts) /
+(verified + drafts), the paper's (its footnote 3: the bonus token counted, tau / (1 + l)),
+and ``acceptance_rate_draft_only``, vLLM's (= ``draft_acceptance_rate``).
 
 Terms used below (``docs/outputs.md`` lists every key with its unit):
 
@@ -203,6 +206,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, verified_length_count
         **backlog_trend(arrival_at, requests["finished_at"].to_numpy(dtype=np.float64), start_at, end_at),
         "mean_acceptance_length": None if not request_steps else 1.0 + accepted / request_steps,
         "draft_acceptance_rate": _ratio(accepted, verified),
+        "acceptance_rate_with_bonus": _ratio(accepted + request_steps, verified + request_steps),  # the paper's
+        "acceptance_rate_draft_only": _ratio(accepted, verified),  # vLLM's draft acceptance rate, by name
         "acceptance_rate_per_position": [_ratio(a, v) for a, v in
                                          zip(accepted_per_position, verified_per_position, strict=True)],
         "verification_budget_per_request": _ratio(float(in_window["batch_tokens"].sum()), request_steps),
