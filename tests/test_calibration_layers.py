@@ -2,7 +2,7 @@
 
 Layers, each importing only those before it (within ``calibration``):
 
-    models -> training -> serving -> profiling -> acceptance -> validation
+    models -> training -> serving -> profiling -> fitting -> acceptance -> validation
 
 The modules directly under ``calibration/`` are the commands' entry points (thin shims) and may import any layer.
 """
@@ -19,11 +19,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION = ROOT / "calibration"
-LAYERS = ("models", "training", "serving", "profiling", "acceptance", "validation")
+LAYERS = ("models", "training", "serving", "profiling", "fitting", "acceptance", "validation")
 # command module (python -m calibration.<name>) -> where its main lives
 COMMANDS = {
     "profile_gpu": "calibration.profiling.profile_gpu",
     "roofline": "calibration.profiling.analytic",
+    "fit_profile": "calibration.fitting.cli",
     "compare": "calibration.profiling.compare",
     "train": "calibration.training.train",
     "evaluate": "calibration.acceptance.evaluate",
@@ -66,5 +67,6 @@ def test_command_shim_runs_its_subpackage_main(command: str, target: str):
 
 def test_package_shapes_and_analytic_roofline_import_no_torch():
     code = ("import sys, calibration, calibration.models.shapes, calibration.models.presets, "
-            "calibration.profiling.analytic; assert 'torch' not in sys.modules, 'torch was imported'")
+            "calibration.profiling.analytic, calibration.profiling.context_tables; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

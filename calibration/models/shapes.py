@@ -162,7 +162,12 @@ class ModelShape:
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes of one context token over all layers (bf16)."""
-        return self.num_layers * self.kv_elems_per_token_layer * 2
+        return self.kv_bytes_per_token_at(2)
+
+    def kv_bytes_per_token_at(self, bytes_per_elem: int) -> int:
+        """KV-cache bytes of one context token over all layers at ``bytes_per_elem`` bytes per cached element
+        (2: bf16, 1: fp8): layers x (K and V of every KV head, or the latent) x bytes."""
+        return self.num_layers * self.kv_elems_per_token_layer * bytes_per_elem
 
 
 MODEL_SHAPES: dict[str, ModelShape] = {

@@ -2,15 +2,21 @@
 
 Every producer - the analytic roofline (:mod:`calibration.profiling.analytic`) and the
 measured profiler (:mod:`calibration.profiling.measure`) - builds a
-:class:`ProfileDocument` from the pieces below. The reader, :mod:`simulator.profile`,
+:class:`ProfileDocument` from the pieces below. The reader, :mod:`simulator.costs`,
 owns the format (``docs/profile_format.md`` documents every field): the format name
-comes from it, and the version written is checked against the versions it reads. The
-pieces are the version-1 fields, so a document is stamped version 1, which every
-reader version reads unchanged; a producer that measures the optional version-2
-blocks adds them with ``simulator.costs.blocks``, which stamps version 2. The order of
-the fields in the file is fixed here::
+comes from it, and the version written is checked against the versions it reads.
 
-    format, version, metadata, gpus_per_replica, verify, per_request, draft, prefill, scheduler
+The pieces here are the version-1 fields. A document without ``version2`` blocks is
+stamped version 1, which every reader version reads unchanged (the built-in version-1
+profiles are written so, byte for byte). A document with them (attention over
+context and query tokens, the CUDA-graph cliff, a token budget, prefill chunk
+attention, context-aware drafter tables: :class:`simulator.costs.Version2Blocks`) is
+stamped version 2 by the simulator's own writer blocks, which read the result back, so
+a producer cannot write a file the simulator refuses. The order of the fields in the
+file is fixed (``simulator.costs.FIELDS``)::
+
+    format, version, metadata, gpus_per_replica, verify, per_request, attention, cuda_graphs, token_budget,
+    draft, prefill, scheduler
 
 Tables keep the value types they are given (Python ints and floats) and are written as
 lists, one row per request count in ``draft.<kind>.latency_s``.
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from simulator.profile import PROFILE_FORMAT, READABLE_VERSIONS
+from simulator.costs import PROFILE_FORMAT, READABLE_VERSIONS, Version2Blocks
 
 ProfileSource = Literal["analytic", "measured"]
 DOCUMENT_VERSION = 1  # the version whose fields the pieces below are (see the module docstring)
@@ -62,7 +68,8 @@ class VerifyTable:
 
 @dataclass(frozen=True)
 class PerRequestTable:
-    """Seconds a step spends per request on top of the verify table (KV-cache reads), over R requests."""
+    """Seconds a step spends per request on top of the verify table, over R requests (version-1 producers put
+    KV-cache reads at a reference context here; with an attention table it holds only per-request overhead)."""
 
     num_requests: tuple[int, ...]  # [NR]
     step_s: tuple[float, ...]  # [NR]
@@ -108,32 +115,46 @@ class SchedulerCost:
 
 @dataclass(frozen=True)
 class ProfileDocument:
-    """A whole profile, ready to be written (or handed on as the dictionary the simulator reads)."""
+    """A whole profile, ready to be written (or handed on as the dictionary the simulator reads).
+
+    ``per_request`` may be None (no per-request overhead: a version-2 document whose attention table holds what a
+    version-1 per-request table folded in). ``version2`` holds the version-2 blocks; its drafter tables replace
+    those of ``draft`` of the same kind.
+    """
 
     metadata: ProfileMetadata
     gpus_per_replica: int
     verify: VerifyTable
-    per_request: PerRequestTable
+    per_request: PerRequestTable | None
     draft: dict[str, DraftTable]  # drafter kind -> its table
     prefill: PrefillCost
     scheduler: SchedulerCost
+    version2: Version2Blocks | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The profile dictionary in the simulator's format (``simulator.profile.profile_from_dict`` reads it)."""
+        """The profile dictionary in the simulator's format (``simulator.costs.profile_from_dict`` reads it)."""
         if DOCUMENT_VERSION not in READABLE_VERSIONS:
             raise ValueError(f"the reader no longer reads version {DOCUMENT_VERSION} profiles "
                              f"(it reads {READABLE_VERSIONS}); the pieces here need updating")
-        return {
+        out: dict[str, Any] = {
             "format": PROFILE_FORMAT,
             "version": DOCUMENT_VERSION,
             "metadata": self.metadata.to_dict(),
             "gpus_per_replica": self.gpus_per_replica,
             "verify": self.verify.to_dict(),
-            "per_request": self.per_request.to_dict(),
-            "draft": {kind: table.to_dict() for kind, table in self.draft.items()},
-            "prefill": self.prefill.to_dict(),
-            "scheduler": self.scheduler.to_dict(),
         }
+        if self.per_request is not None:
+            out["per_request"] = self.per_request.to_dict()
+        out["draft"] = {kind: table.to_dict() for kind, table in self.draft.items()}
+        out["prefill"] = self.prefill.to_dict()
+        out["scheduler"] = self.scheduler.to_dict()
+        if self.version2 is None:
+            return out
+        return self.version2.apply(out, origin=f"<{self.metadata.source} profile of {self.metadata.model}>")
+
+    @property
+    def version(self) -> int:
+        return DOCUMENT_VERSION if self.version2 is None else 2
 
     def write(self, path: Path) -> Path:
         return write_profile(self.to_dict(), path)

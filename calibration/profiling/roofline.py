@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -28,13 +29,13 @@ from calibration.models.shapes import ModelShape
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Vendor peak numbers of one GPU (datasheet values, dense, no sparsity).
+    """Vendor peak numbers of one GPU (datasheet values; dense tensor-core peaks, never the 2:4-sparsity ones).
 
-    * ``peak_flops_per_s``: dense BF16 tensor-core peak. H100 SXM and H200 SXM both
-      list 989 TFLOP/s (NVIDIA H100 / H200 datasheets; the 1979 figure assumes 2:4 sparsity).
-    * ``hbm_bytes_per_s``: HBM bandwidth, 3.35 TB/s (H100 SXM, HBM3) and 4.8 TB/s (H200, HBM3e).
-    * ``hbm_capacity_bytes``: 80 GB (H100 SXM) and 141 GB (H200).
-    * ``interconnect_bytes_per_s``: NVLink 4 is 900 GB/s bidirectional per GPU; 450 GB/s per direction.
+    * ``peak_flops_per_s``: dense BF16 tensor-core peak (the GEMM peak of bf16 weights; attention math always);
+    * ``peak_fp8_flops_per_s``: dense FP8 tensor-core peak (the GEMM peak of FP8 weights, W8A8);
+    * ``hbm_bytes_per_s``, ``hbm_capacity_bytes``: HBM bandwidth and capacity;
+    * ``interconnect_bytes_per_s``: GPU-to-GPU bandwidth per direction (half the bidirectional figure);
+    * ``source``: the datasheet every number above comes from, written into each profile's ``metadata.gpu``.
     """
 
     name: str
@@ -42,12 +43,70 @@ class GPUSpec:
     hbm_bytes_per_s: float
     hbm_capacity_bytes: float
     interconnect_bytes_per_s: float
+    peak_fp8_flops_per_s: float = 0.0
+    source: str = ""
+
+    def v1_dict(self) -> dict[str, float | str]:
+        """The fields version-1 analytic profiles state (kept as they were, so those files stay reproducible)."""
+        return {"name": self.name, "peak_flops_per_s": self.peak_flops_per_s, "hbm_bytes_per_s": self.hbm_bytes_per_s,
+                "hbm_capacity_bytes": self.hbm_capacity_bytes,
+                "interconnect_bytes_per_s": self.interconnect_bytes_per_s}
 
 
 GPUS: dict[str, GPUSpec] = {
-    "h100": GPUSpec("H100 SXM", 989e12, 3.35e12, 80e9, 450e9),
-    "h200": GPUSpec("H200 SXM", 989e12, 4.8e12, 141e9, 450e9),
+    # NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column: BF16 1,979 and FP8 3,958 TFLOPS "with sparsity"
+    # (dense: half, 989 and 1,979), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s bidirectional (450 per direction).
+    "h100": GPUSpec("H100 SXM", 989e12, 3.35e12, 80e9, 450e9, 1979e12,
+                    "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16 1,979 / FP8 3,958 TFLOPS with 2:4 "
+                    "sparsity, dense = half; 80 GB HBM3, 3.35 TB/s; NVLink 900 GB/s bidirectional"),
+    # NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column: the H100's tensor cores (BF16 1,979 / FP8 3,958
+    # TFLOPS with sparsity), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s bidirectional.
+    "h200": GPUSpec("H200 SXM", 989e12, 4.8e12, 141e9, 450e9, 1979e12,
+                    "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): BF16 1,979 / FP8 3,958 TFLOPS with 2:4 "
+                    "sparsity, dense = half; 141 GB HBM3e, 4.8 TB/s; NVLink 900 GB/s bidirectional"),
+    # NVIDIA HGX B200 datasheet (8 GPUs, 1,000 W each): FP16/BF16 36 and FP8 72 PFLOPS with sparsity, i.e.
+    # 2.25 and 4.5 PFLOPS dense per GPU; DGX B200 datasheet: 1,440 GB HBM3e and 64 TB/s for 8 GPUs (180 GB,
+    # 8 TB/s each); fifth-generation NVLink 1.8 TB/s bidirectional per GPU (900 GB/s per direction).
+    "b200": GPUSpec("B200 (HGX)", 2.25e15, 8.0e12, 180e9, 900e9, 4.5e15,
+                    "NVIDIA HGX B200 datasheet: FP16/BF16 36 / FP8 72 PFLOPS with sparsity for 8 GPUs (dense per "
+                    "GPU: 2.25 / 4.5 PFLOPS); DGX B200 datasheet: 1,440 GB HBM3e, 64 TB/s for 8 GPUs; NVLink 5 "
+                    "1.8 TB/s bidirectional per GPU"),
+    # AMD Instinct MI300X data sheet: peak BF16 1,307.4 and FP8 2,614.9 TFLOPS dense (twice that with sparsity),
+    # 192 GB HBM3 at 5.3 TB/s, 7 Infinity Fabric links of 128 GB/s bidirectional (896 GB/s; 448 per direction).
+    "mi300x": GPUSpec("MI300X", 1307.4e12, 5.3e12, 192e9, 448e9, 2614.9e12,
+                      "AMD Instinct MI300X data sheet: peak BF16 1,307.4 / FP8 2,614.9 TFLOPS dense; 192 GB HBM3, "
+                      "5.3 TB/s; 7 Infinity Fabric links x 128 GB/s bidirectional (896 GB/s aggregate)"),
 }
+
+Dtype = Literal["bf16", "fp8"]
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Number formats of the weights and of the KV cache (``bf16`` or ``fp8``).
+
+    FP8 weights are read at 1 byte per parameter and their GEMMs run at the FP8 peak (W8A8, as FP8
+    checkpoints are served on Hopper, Blackwell and MI300); FP8 KV halves the bytes a request's attention
+    reads and stores. Attention math runs at the BF16 peak in both cases (an assumption: decode attention is
+    memory-bound, so it matters only for long prefill chunks). The drafter uses the target's formats.
+    """
+
+    weights: Dtype = "bf16"
+    kv: Dtype = "bf16"
+
+    def __post_init__(self) -> None:
+        for key in ("weights", "kv"):
+            if getattr(self, key) not in DTYPE_BYTES:
+                raise ValueError(f"{key} dtype must be one of {', '.join(DTYPE_BYTES)}, got {getattr(self, key)!r}")
+
+    @property
+    def weight_bytes(self) -> int:
+        return DTYPE_BYTES[self.weights]
+
+    @property
+    def kv_bytes(self) -> int:
+        return DTYPE_BYTES[self.kv]
 
 
 @dataclass(frozen=True)
@@ -128,6 +187,7 @@ class Roofline:
     gpu: GPUSpec
     assume: Assumptions
     num_gpus: int
+    precision: Precision = Precision()
 
     # -------------------------------------------------------------- padding
     def graph_tokens(self, tokens: np.ndarray) -> np.ndarray:
@@ -142,10 +202,27 @@ class Roofline:
         return -(-np.asarray(tokens, dtype=np.int64) // tile) * tile
 
     # ------------------------------------------------------------ primitives
+    @property
+    def gemm_flops_per_s(self) -> float:
+        """Dense peak of the weight GEMMs of one GPU: BF16, or FP8 when the weights are FP8."""
+        if self.precision.weights == "bf16":
+            return self.gpu.peak_flops_per_s
+        if self.gpu.peak_fp8_flops_per_s <= 0:
+            raise ValueError(f"GPU {self.gpu.name!r} states no FP8 peak; FP8 weights cannot be priced on it")
+        return self.gpu.peak_fp8_flops_per_s
+
+    @property
+    def attention_flops_weight(self) -> float:
+        """Attention FLOPs (BF16 peak) in units of GEMM FLOPs: 1 with BF16 weights, the FP8/BF16 peak ratio else.
+        Multiplying attention FLOPs by it lets one ``roofline_s`` at the GEMM peak price both exactly."""
+        return self.gemm_flops_per_s / self.gpu.peak_flops_per_s
+
     def roofline_s(self, flops: np.ndarray, bytes_: np.ndarray) -> np.ndarray:
-        a, g = self.assume, self.gpu
-        compute_s = np.asarray(flops, dtype=np.float64) / (self.num_gpus * g.peak_flops_per_s * a.compute_efficiency)
-        memory_s = np.asarray(bytes_, dtype=np.float64) / (self.num_gpus * g.hbm_bytes_per_s * a.memory_efficiency)
+        """max(compute, memory) over the replica: ``flops`` at the GEMM peak, ``bytes_`` at HBM bandwidth."""
+        a = self.assume
+        compute_s = np.asarray(flops, dtype=np.float64) / (self.num_gpus * self.gemm_flops_per_s * a.compute_efficiency)
+        memory_s = np.asarray(bytes_, dtype=np.float64) / (self.num_gpus * self.gpu.hbm_bytes_per_s
+                                                             * a.memory_efficiency)
         return np.maximum(compute_s, memory_s)
 
     def expected_experts(self, tokens: np.ndarray) -> np.ndarray:
@@ -158,11 +235,18 @@ class Roofline:
 
     def layer_weight_bytes(self, tokens: np.ndarray, moe: bool) -> np.ndarray:
         """Weight bytes one layer reads for a forward over ``tokens`` tokens."""
-        s = self.shape
+        s, weight_bytes = self.shape, self.precision.weight_bytes
         if not moe:
-            return np.full(np.shape(tokens), float(s.layer_params(False) * s.bytes_per_param))
+            return np.full(np.shape(tokens), float(s.layer_params(False) * weight_bytes))
         dense = s.attention_params + s.router_params + 2 * s.hidden_size + s.num_shared_experts * s.expert_params
-        return (dense + self.expected_experts(tokens) * s.expert_params) * s.bytes_per_param
+        return (dense + self.expected_experts(tokens) * s.expert_params) * weight_bytes
+
+    def weight_bytes(self, tokens: np.ndarray) -> np.ndarray:
+        """Weight bytes one forward over ``tokens`` tokens reads: every layer and the LM head."""
+        s = self.shape
+        return (s.num_dense_mlp_layers * self.layer_weight_bytes(tokens, False)
+                + s.num_moe_layers * self.layer_weight_bytes(tokens, True)
+                + s.lm_head_params * self.precision.weight_bytes)
 
     def attention_flops_per_token(self, context_tokens: float) -> float:
         """QK^T and AV over the context, all layers: 4 * L * Hq * d * context."""
@@ -178,39 +262,75 @@ class Roofline:
 
     # ------------------------------------------------------------ the tables
     def verify_step_s(self, batch_tokens: np.ndarray) -> np.ndarray:
-        """1 / SPS(B): one target forward over B batch tokens (KV reads excluded: see per_request_s)."""
+        """Version 1's 1 / SPS(B): one target forward over B batch tokens, attention FLOPs at the reference context
+        and the eager overhead folded in (KV reads excluded: see per_request_s)."""
         s, a = self.shape, self.assume
         b = np.asarray(batch_tokens, dtype=np.int64)
         if b.size and b.min() < 1:
             raise ValueError(f"batch tokens must be >= 1, got {b.min()}")
         graph = self.graph_tokens(b)
         compute = self.tile_tokens(graph)
-        flops = compute * (2.0 * s.matmul_params_per_token + self.attention_flops_per_token(a.context_tokens))
-        bytes_ = (s.num_dense_mlp_layers * self.layer_weight_bytes(graph, False)
-                  + s.num_moe_layers * self.layer_weight_bytes(graph, True)
-                  + s.lm_head_params * s.bytes_per_param)
+        flops = compute * (2.0 * s.matmul_params_per_token
+                           + self.attention_flops_per_token(a.context_tokens) * self.attention_flops_weight)
         eager = np.where(b > a.max_graph_tokens, a.eager_overhead_s, 0.0)
-        return (self.roofline_s(flops, bytes_) + a.step_overhead_s + eager
+        return (self.roofline_s(flops, self.weight_bytes(graph)) + a.step_overhead_s + eager
                 + self.collectives_s(graph, s.num_layers))
 
     def per_request_s(self, num_requests: np.ndarray) -> np.ndarray:
-        """KV-cache reads of R requests at the reference context: kv bytes * R / (bw * eff)."""
-        kv = self.shape.kv_bytes_per_token * self.assume.context_tokens
+        """Version 1's per-request cost: KV-cache reads of R requests at the reference context."""
+        kv = self.shape.kv_bytes_per_token_at(self.precision.kv_bytes) * self.assume.context_tokens
         return self.roofline_s(0.0, kv * np.asarray(num_requests, dtype=np.float64))
+
+    def dense_step_s(self, batch_tokens: np.ndarray) -> np.ndarray:
+        """Version 2's dense part over B batch tokens in CUDA-graph mode: weight GEMMs and LM head (graph bucket,
+        then GEMM tile), step overhead and collectives. No attention (:meth:`attention_s` prices it per request)
+        and no eager overhead (the profile's ``cuda_graphs`` block adds it above the largest graph)."""
+        s, a = self.shape, self.assume
+        b = np.asarray(batch_tokens, dtype=np.int64)
+        if b.size and b.min() < 1:
+            raise ValueError(f"batch tokens must be >= 1, got {b.min()}")
+        graph = self.graph_tokens(b)
+        flops = self.tile_tokens(graph) * (2.0 * s.matmul_params_per_token)
+        return (self.roofline_s(flops, self.weight_bytes(graph)) + a.step_overhead_s
+                + self.collectives_s(graph, s.num_layers))
+
+    @property
+    def kv_read_shards(self) -> int:
+        """GPUs that share the reading of the batch's KV. GQA under tensor parallelism: the KV heads are split
+        (a head is replicated when there are fewer heads than GPUs). A latent cache shared by all heads
+        (``kv_cache_elems``, MLA-like): data-parallel attention, each GPU holding its share of the requests, as
+        MLA targets are served (an assumption: requests spread evenly; version 1 and the drafters assume it too)."""
+        s = self.shape
+        return self.num_gpus if s.kv_cache_elems is not None else min(self.num_gpus, s.num_kv_heads)
+
+    def attention_s(self, context_tokens: np.ndarray, query_tokens: np.ndarray) -> np.ndarray:
+        """One request's attention, all layers (broadcast over both arguments): ``query_tokens`` new tokens over
+        ``context_tokens`` cached ones and each other (causal), i.e. ``q * c + q (q + 1) / 2`` (query, key) pairs of
+        ``4 L Hq d`` FLOPs at the BF16 peak, against one read of the ``c`` cached and one write of the ``q`` new
+        tokens' KV (``kv_bytes_per_token`` each) shared by :attr:`kv_read_shards` GPUs."""
+        s, a = self.shape, self.assume
+        c = np.asarray(context_tokens, dtype=np.float64)
+        q = np.asarray(query_tokens, dtype=np.float64)
+        flops = 4.0 * s.num_layers * s.num_q_heads * s.head_dim * (q * c + q * (q + 1.0) / 2.0)
+        kv_bytes = s.kv_bytes_per_token_at(self.precision.kv_bytes) * (c + q)
+        compute_s = flops / (self.num_gpus * self.gpu.peak_flops_per_s * a.compute_efficiency)
+        memory_s = kv_bytes / (self.kv_read_shards * self.gpu.hbm_bytes_per_s * a.memory_efficiency)
+        return np.maximum(compute_s, memory_s)
 
     def prefill(self) -> tuple[float, float]:
         """(fixed_s, tokens_per_s): compute-bound throughput at the reference context (causal: half of it
         attended on average); fixed cost = step overhead + one read of the weights."""
         s, a = self.shape, self.assume
-        flops_per_token = 2.0 * s.matmul_params_per_token + self.attention_flops_per_token(a.context_tokens / 2)
-        tokens_per_s = self.num_gpus * self.gpu.peak_flops_per_s * a.compute_efficiency / flops_per_token
-        fixed_s = a.step_overhead_s + float(self.roofline_s(0.0, s.total_params * s.bytes_per_param))
+        flops_per_token = (2.0 * s.matmul_params_per_token
+                           + self.attention_flops_per_token(a.context_tokens / 2) * self.attention_flops_weight)
+        tokens_per_s = self.num_gpus * self.gemm_flops_per_s * a.compute_efficiency / flops_per_token
+        fixed_s = a.step_overhead_s + float(self.roofline_s(0.0, s.total_params * self.precision.weight_bytes))
         return fixed_s, tokens_per_s
 
 
-def gpus_per_replica(shape: ModelShape, gpu: GPUSpec, assume: Assumptions) -> int:
-    """Smallest power of two of GPUs whose weight share of HBM holds the bf16 weights."""
-    need = shape.total_params * shape.bytes_per_param / (gpu.hbm_capacity_bytes * assume.weight_memory_fraction)
+def gpus_per_replica(shape: ModelShape, gpu: GPUSpec, assume: Assumptions, precision: Precision = Precision()) -> int:
+    """Smallest power of two of GPUs whose weight share of HBM holds the weights (in ``precision.weights``)."""
+    need = shape.total_params * precision.weight_bytes / (gpu.hbm_capacity_bytes * assume.weight_memory_fraction)
     return 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
 
 
