@@ -112,6 +112,9 @@ class StepView:
     history: tuple[np.ndarray, ...] = ()  # each [R_old, gamma]
     smoothed: np.ndarray | None = None  # [R, gamma] EMA state, NaN rows for new requests
     accepted: np.ndarray | None = None  # [R] true accepted draft tokens (oracle only)
+    # The most batch tokens sum_r (1 + l_r) the step may hold (the engine's max_num_batched_tokens, set before any
+    # draft token exists, so respecting it keeps a policy lossless); None: no budget.
+    token_budget: int | None = None
 
     @property
     def num_requests(self) -> int:
@@ -120,6 +123,11 @@ class StepView:
     @property
     def gamma(self) -> int:
         return int(self.confidence.shape[1])
+
+    @property
+    def draft_budget(self) -> int | None:
+        """The most draft tokens the step may verify in total, ``token_budget - R`` (None: no budget)."""
+        return None if self.token_budget is None else self.token_budget - self.num_requests
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,16 @@ def survival_by_position(confidence: np.ndarray) -> np.ndarray:
     for j in range(1, by_position.shape[0]):
         np.multiply(by_position[j - 1], by_position[j], out=by_position[j])
     return by_position
+
+
+def trim_to_budget(lengths: np.ndarray, draft_budget: int | None) -> np.ndarray:
+    """Lengths cut so that they sum to at most ``draft_budget``, in request order: earlier requests keep theirs,
+    later ones are cut (vLLM trims the speculative tokens of the requests it schedules last). Each cap depends
+    only on the lengths of the requests before it, an order without cycles, so a lossless rule stays lossless."""
+    if draft_budget is None or int(lengths.sum()) <= draft_budget:
+        return lengths
+    before = np.cumsum(lengths) - lengths
+    return np.clip(draft_budget - before, 0, lengths).astype(lengths.dtype)
 
 
 def prefix_survival(confidence: np.ndarray) -> np.ndarray:

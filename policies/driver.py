@@ -46,9 +46,9 @@ class PolicyMemory:
     smoothed: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))  # id -> [gamma]
 
     def view(self, request_ids: Sequence[int], confidence: np.ndarray, cost: CostCurve,
-             accepted: np.ndarray | None = None) -> StepView:
+             accepted: np.ndarray | None = None, token_budget: int | None = None) -> StepView:
         """The StepView of a step whose rows are ``request_ids`` (in that order); ``accepted`` only for policies that
-        read outcomes (upper bounds)."""
+        read outcomes (upper bounds); ``token_budget`` the most batch tokens the step may hold (None: no budget)."""
         smoothed = None
         if self.smoothed:
             num_draft = confidence.shape[1]
@@ -57,7 +57,8 @@ class PolicyMemory:
                 raise ValueError(f"EMA rows of requests {wrong} do not have {num_draft} entries (one per draft token)")
             nan_row = np.full(num_draft, np.nan)
             smoothed = np.array([self.smoothed.get(r, nan_row) for r in request_ids]).reshape(confidence.shape)
-        return StepView(confidence=confidence, cost=cost, history=self.pools, smoothed=smoothed, accepted=accepted)
+        return StepView(confidence=confidence, cost=cost, history=self.pools, smoothed=smoothed, accepted=accepted,
+                        token_budget=token_budget)
 
     def after(self, policy: Policy, request_ids: Sequence[int], decision: Decision) -> PolicyMemory:
         """The memory for the next step once ``decision`` was taken for ``request_ids``."""
@@ -75,14 +76,19 @@ class PolicyMemory:
         return pools, tuple(sorted((r, row.tobytes()) for r, row in self.smoothed.items()))
 
 
-def check_decision(policy: Policy, decision: Decision, num_requests: int, num_draft: int) -> np.ndarray:
-    """The decision's lengths as ints -> [R], after checking 0 <= l_r <= drafted tokens."""
+def check_decision(policy: Policy, decision: Decision, num_requests: int, num_draft: int,
+                   token_budget: int | None = None) -> np.ndarray:
+    """The decision's lengths as ints -> [R], after checking 0 <= l_r <= drafted tokens and, with a token budget,
+    sum_r (1 + l_r) <= budget."""
     lengths = np.asarray(decision.lengths)
     if lengths.shape != (num_requests,):
         raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
     if lengths.size and (lengths.min() < 0 or lengths.max() > num_draft):
         raise ValueError(f"policy {policy.name!r}: lengths must lie in 0..{num_draft} (tokens drafted), "
                          f"got {lengths.tolist()}")
+    if token_budget is not None and num_requests + int(lengths.sum()) > token_budget:
+        raise ValueError(f"policy {policy.name!r}: {num_requests} requests verifying {int(lengths.sum())} draft "
+                         f"tokens exceed the token budget of {token_budget} batch tokens")
     return lengths.astype(np.int64)
 
 

@@ -46,6 +46,8 @@ class DSpark(PolicyTraits):
     ``ema_decay``: smooth confidences over steps before ranking (None = off).
     Until enough history exists (an engine's first steps) K is 0. The search
     prices the old pool with the current step's cost curve: K sizes this step.
+    Under a token budget K is at most ``token_budget - R`` (the search stops
+    there); the budget is known before the draft tokens, so this stays lossless.
     """
 
     staleness_steps: int = 2
@@ -76,9 +78,10 @@ class DSpark(PolicyTraits):
             confidence = smoothed
         survival = survival_by_position(confidence).T  # [R, gamma], position-major in memory
         if self.staleness_steps == 0:
-            capacity = search_capacity(survival, view.cost, self.objective)
+            capacity = search_capacity(survival, view.cost, self.objective, view.draft_budget)
         elif len(view.history) >= self.staleness_steps:
-            capacity = search_capacity(view.history[-self.staleness_steps], view.cost, self.objective)
+            capacity = search_capacity(view.history[-self.staleness_steps], view.cost, self.objective,
+                                       view.draft_budget)
         else:
             capacity = 0
         return Decision(lengths=top_k_lengths(survival, capacity), pool=survival, capacity=capacity,

@@ -19,7 +19,7 @@ class Goodput(PolicyTraits):
 
     SmartSpec-like: k maximises (R + sum_r a[r, k]-prefix sums) x SPS(R (1 + k))
     over a pool ``staleness_steps`` old (>= 1 keeps it lossless). Until enough
-    history exists k is 0.
+    history exists k is 0. Under a token budget k is at most ``(token_budget - R) // R``.
     """
 
     staleness_steps: int = 1
@@ -43,6 +43,7 @@ class Goodput(PolicyTraits):
             num_old, gamma = pool.shape
             expected = num_old + np.concatenate(([0.0], np.cumsum(pool.sum(axis=0))))
             batch = num_old * (1 + np.arange(gamma + 1))
-            k = best_prefix_count(view.cost.throughput(expected, batch, self.objective))
+            top = gamma if view.draft_budget is None else min(gamma, view.draft_budget // view.num_requests)
+            k = best_prefix_count(view.cost.throughput(expected[:top + 1], batch[:top + 1], self.objective))
         lengths = np.full(view.num_requests, min(k, view.gamma), dtype=np.int64)
         return Decision(lengths=lengths, pool=survival, capacity=int(lengths.sum()))

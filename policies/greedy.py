@@ -41,9 +41,9 @@ def best_prefix_count(theta: np.ndarray) -> int:
     return int(theta.argmax())
 
 
-def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective) -> int:
-    """Draft-token capacity K that a full search over ``pool`` would admit."""
-    return best_prefix_count(path_throughput(cost, pool.shape[0], sorted_survivals(pool), objective))
+def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective, limit: int | None = None) -> int:
+    """Draft-token capacity K that a full search over ``pool`` would admit (at most ``limit``: a token budget)."""
+    return best_prefix_count(path_throughput(cost, pool.shape[0], sorted_survivals(pool)[:limit], objective))
 
 
 @register
@@ -54,7 +54,8 @@ class Greedy(PolicyTraits):
     The early stop makes it lossless: whether position k of a request is admitted
     is settled before any candidate that depends on draft token k is examined.
     It finds the global optimum only when Theta is unimodal along the path; a
-    jagged SPS curve can trap it (DSpark paper, section 5.2).
+    jagged SPS curve can trap it (DSpark paper, section 5.2). Under a token
+    budget the walk ends after ``token_budget - R`` entries.
     """
 
     objective: Objective = "tokens_x_sps"
@@ -67,6 +68,7 @@ class Greedy(PolicyTraits):
     def decide(self, view: StepView) -> Decision:
         survival = survival_by_position(view.confidence).T  # [R, gamma], position-major in memory
         values, nan_free = descending_survivals(survival)
+        values = values[:view.draft_budget]
         count = early_stop_count(path_throughput(view.cost, view.num_requests, values, self.objective))
         kth = float(values[count - 1]) if nan_free and count > 0 else None  # the path is sorted already
         return Decision(lengths=top_k_lengths(survival, count, kth), pool=survival, capacity=count)
@@ -93,5 +95,5 @@ class GlobalSync(PolicyTraits):
 
     def decide(self, view: StepView) -> Decision:
         survival = survival_by_position(view.confidence).T  # [R, gamma], position-major in memory
-        count = search_capacity(survival, view.cost, self.objective)
+        count = search_capacity(survival, view.cost, self.objective, view.draft_budget)
         return Decision(lengths=top_k_lengths(survival, count), pool=survival, capacity=count)

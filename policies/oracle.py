@@ -19,7 +19,8 @@ class Oracle(PolicyTraits):
 
     It only ever verifies tokens that will be accepted (no waste) and picks how
     many of them by a full search of Theta, admitting shallow positions first so
-    that every request advances. Not a real policy: it reads the outcome.
+    that every request advances. Not a real policy: it reads the outcome. Under a
+    token budget it admits at most ``token_budget - R`` tokens.
     """
 
     name: ClassVar[str] = "oracle"
@@ -32,7 +33,8 @@ class Oracle(PolicyTraits):
         gamma = view.gamma
         positions = np.arange(1, gamma + 1)
         good = positions[None, :] <= view.accepted[:, None]  # [R, gamma]
-        theta = path_throughput(view.cost, view.num_requests, np.ones(int(good.sum())), "tokens_x_sps")
+        num_good = int(good.sum()) if view.draft_budget is None else min(int(good.sum()), view.draft_budget)
+        theta = path_throughput(view.cost, view.num_requests, np.ones(num_good), "tokens_x_sps")
         count = best_prefix_count(theta)
         # Survival 1 for the tokens that will be accepted, 0 otherwise: the top-count
         # entries go position-major (all first tokens, then all second tokens, ...).

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from policies.base import Decision, PolicyTraits, StepView, prefix_survival
+from policies.base import Decision, PolicyTraits, StepView, prefix_survival, trim_to_budget
 from policies.registry import register
 
 
@@ -32,7 +32,8 @@ class Mtp(PolicyTraits):
     """Static speculation: the drafter proposes k tokens and all k are verified.
 
     MTP-1 (2 target tokens per request and step) is the production baseline of
-    the DSpark paper (section 5.4).
+    the DSpark paper (section 5.4). Under a token budget the requests scheduled
+    last verify fewer (:func:`policies.base.trim_to_budget`), as vLLM does.
     """
 
     k: int = 1
@@ -46,5 +47,6 @@ class Mtp(PolicyTraits):
         return self.k
 
     def decide(self, view: StepView) -> Decision:
-        lengths = np.full(view.num_requests, min(self.k, view.gamma), dtype=np.int64)
+        lengths = trim_to_budget(np.full(view.num_requests, min(self.k, view.gamma), dtype=np.int64),
+                                 view.draft_budget)
         return Decision(lengths=lengths, pool=prefix_survival(view.confidence), capacity=int(lengths.sum()))

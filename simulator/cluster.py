@@ -1,10 +1,16 @@
-"""A cluster: traffic sources -> prefill pool -> router -> decode engine replicas.
+"""A cluster: traffic sources -> [prefill pool] -> router -> engine replicas.
 
-Prefill is disaggregated: a pool of ``num_prefill_instances`` workers serves
-requests first-come first-served, each taking ``prefill_s(prompt_tokens)``
-from the profile; the prefill emits the first output token (so TTFT = prefill
-queue + prefill time) and hands the request to a decode engine chosen by the
-router.
+``cluster.mode=disaggregated``: a pool of ``num_prefill_instances`` workers
+serves requests first-come first-served, each taking
+``prefill_s(prompt_tokens)`` from the profile; the prefill emits the first
+output token (so TTFT = prefill queue + prefill time) and hands the request to
+a decode engine chosen by the router. With paged KV, a request the engine
+preempts goes back through the pool to recompute its KV (prompt and the output
+so far) and returns to the same engine.
+
+``cluster.mode=chunked``: no pool; the router hands each request to an engine
+when it arrives, and the engine prefills it in chunks inside its own steps
+(TTFT = waiting in the engine + the steps its chunks take).
 """
 
 from __future__ import annotations
@@ -15,11 +21,20 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
+from simulator.costs.coverage import RunDemand, check_budget, check_profile_covers
 from simulator.engine import DecodeEngine, StepLog
 from simulator.requests import RequestStore
 from simulator.specs import LossyPolicyWarning, SimulationSpec
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
 from traces.workload import DOMAINS, Workload
+
+
+def records_costs(spec: SimulationSpec) -> bool:
+    """Whether the step log gets its cost columns: the run uses something beyond the version-1 model (a version-2
+    profile, chunked prefill, paged KV or a token budget). Version-1 runs keep their tables unchanged."""
+    limits = spec.cluster.limits
+    return (spec.profile.version >= 2 or spec.cluster.mode != "disaggregated" or limits.kv_mode != "reserve"
+            or limits.max_num_batched_tokens is not None)
 
 
 class Cluster:
@@ -35,14 +50,15 @@ class Cluster:
         streams = np.random.SeedSequence(spec.seed).spawn(4 + spec.cluster.num_decode_engines)
         self.rng_arrivals, self.rng_lengths, self.rng_difficulty, _ = (np.random.default_rng(s) for s in streams[:4])
         self.env = simpy.Environment()
-        self.store = RequestStore()
-        self.steps = StepLog()
+        limits = spec.cluster.limits
+        self.store = RequestStore(track_preemptions=limits.kv_mode == "paged")
+        self.steps = StepLog(detailed=records_costs(spec))
         self.acceptance = spec.drafter.acceptance_model()
         self.engines = [
             DecodeEngine(self.env, i, self.store, spec.policy, spec.profile, self.acceptance, spec.drafter.kind,
-                         spec.drafter.gamma, spec.cluster.limits, np.random.default_rng(streams[4 + i]),
+                         spec.drafter.gamma, limits, np.random.default_rng(streams[4 + i]),
                          self.steps, self._finished, measure_from_s=spec.warmup_s,
-                         policy_profile=spec.policy_profile)
+                         policy_profile=spec.policy_profile, mode=spec.cluster.mode, on_preempt=self._recompute)
             for i in range(spec.cluster.num_decode_engines)
         ]
         self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)
@@ -62,14 +78,24 @@ class Cluster:
 
     @staticmethod
     def _check(spec: SimulationSpec) -> None:
-        limits, gamma = spec.cluster.limits, spec.drafter.gamma
-        max_batch = limits.max_concurrency * (1 + spec.policy.draft_tokens(gamma))
-        if max_batch > spec.profile.max_batch_tokens:
-            raise ValueError(
-                f"a step can hold {max_batch} batch tokens (max_concurrency {limits.max_concurrency} x "
-                f"(1 + {spec.policy.draft_tokens(gamma)} draft tokens)) but profile {spec.profile.path} covers "
-                f"only {spec.profile.max_batch_tokens}; lower cluster.max_concurrency or profile more")
-        if spec.duration_s is None and isinstance(spec.traffic, TrafficSpec) and spec.traffic.arrival == "closed":
+        limits = spec.cluster.limits
+        budget = limits.max_num_batched_tokens or spec.profile.token_budget
+        traffic = spec.traffic
+        if isinstance(traffic, TrafficSpec):
+            low, high = 1, traffic.max_prompt_tokens + traffic.max_output_tokens - 2
+        else:
+            low = int(traffic.prompt_tokens.min()) if traffic.num_requests else 1
+            high = int((traffic.prompt_tokens + traffic.output_tokens).max()) - 2 if traffic.num_requests else 1
+        demand = RunDemand(max_concurrency=limits.max_concurrency,
+                           draft_tokens=spec.policy.draft_tokens(spec.drafter.gamma), token_budget=budget,
+                           chunked=spec.cluster.mode == "chunked", min_context_tokens=low, max_context_tokens=high)
+        key = "cluster.max_num_batched_tokens" if limits.max_num_batched_tokens else \
+            f"token_budget.max_num_batched_tokens of {spec.profile.path}"
+        check_budget(demand, key)
+        for profile in (spec.profile, spec.policy_profile):
+            if profile is not None:
+                check_profile_covers(profile, spec.drafter.kind, demand)
+        if spec.duration_s is None and isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
             raise ValueError("closed-loop traffic never ends: set duration_s")
 
     # ------------------------------------------------------------ traffic
@@ -87,7 +113,7 @@ class Cluster:
             if t > self.env.now:
                 yield self.env.timeout(t - self.env.now)
             for rid in ids[lo:hi]:
-                self.env.process(self._prefill(int(rid)))
+                self._hand_over(int(rid))
 
     def _arrive_new(self, users: np.ndarray) -> None:
         """Closed loop: each user in ``users`` sends a new request now."""
@@ -96,7 +122,7 @@ class Cluster:
         difficulty = self.acceptance.request_difficulty(self.rng_difficulty, users.size)
         ids = self.store.add(np.full(users.size, self.env.now), domain_idx, prompt, output, difficulty, users)
         for rid in ids:
-            self.env.process(self._prefill(int(rid)))
+            self._hand_over(int(rid))
 
     def _finished(self, request_ids: np.ndarray) -> None:
         self.num_finished += request_ids.size
@@ -110,6 +136,25 @@ class Cluster:
             self.env.timeout(think_s).callbacks.append(lambda _event, users=users: self._arrive_new(users))
 
     # ------------------------------------------------------------ prefill and routing
+
+    def _hand_over(self, rid: int) -> None:
+        """A new request: to the prefill pool (disaggregated) or straight to an engine (chunked)."""
+        if self.spec.cluster.mode == "chunked":
+            self._route(rid).submit(rid)
+        else:
+            self.env.process(self._prefill(rid))
+
+    def _recompute(self, request_ids: np.ndarray, kv_tokens: np.ndarray) -> None:
+        """Disaggregated + paged KV: preempted requests recompute ``kv_tokens`` of KV in the prefill pool and go
+        back to their engine (no new first token)."""
+        for rid, tokens in zip(request_ids.tolist(), kv_tokens.tolist(), strict=True):
+            self.env.process(self._prefill_again(rid, tokens))
+
+    def _prefill_again(self, rid: int, kv_tokens: int):
+        with self.prefill.request() as slot:
+            yield slot
+            yield self.env.timeout(float(self.spec.profile.prefill_s(kv_tokens)))
+        self.engines[int(self.store.engine[rid])].submit(rid)
 
     def _prefill(self, rid: int):
         store = self.store

@@ -1,31 +1,46 @@
-"""One decode engine replica: a SimPy process doing continuous batching with speculation.
+"""One engine replica: a SimPy process doing continuous batching with speculation.
 
-Each step: admit waiting requests (concurrency and KV capacity permitting),
-draw the drafter's confidences and the true outcomes for the active requests,
-ask the policy for verification lengths l_r, spend
+Each step: admit waiting requests (concurrency and KV permitting), draw the
+drafter's confidences and the true outcomes for the decoding requests, ask the
+policy for verification lengths l_r (within the token budget, when there is
+one), allocate the KV the step writes (paged mode: newest requests are
+preempted when it does not fit), fill what is left of the budget with prefill
+chunks (chunked mode), spend
 
-    T_step = T_draft(R, gamma) + [T_sched if the policy is synchronous, or the profile's scheduler is inline]
-             + 1 / SPS_R(B) + padded_slot_s * (R * max_r(1 + l_r) - B),   B = sum_r (1 + l_r)
+    T_step = T_draft + [T_sched if the policy is synchronous, or the profile's scheduler is inline] + T_verify
 
-of simulated time, then give every request min(l_r, accepted_r) + 1 tokens
-(never more than it still needs). State lives in arrays over the active
+of simulated time (:mod:`simulator.costs.profile` says what T_verify holds),
+then give every decoding request min(l_r, accepted_r) + 1 tokens (never more
+than it still needs) and advance the chunks; a request whose prefill completes
+emits its first token at the end of that step. State lives in arrays over the
 requests; nothing here loops over requests or tokens in Python.
+
+Modes (``cluster.mode``): ``disaggregated`` - requests arrive prefilled from
+the cluster's prefill pool; ``chunked`` - requests arrive unprefilled and the
+engine prefills them in chunks inside its own steps, after the decode and
+verification tokens, as vLLM's scheduler does.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 import numpy as np
 import simpy
 from simpy.events import Event
 
-from policies import CostCurve, Decision, Policy, PolicyMemory, check_decision
+from policies import Policy, PolicyMemory, check_decision
 from simulator.acceptance import AcceptanceSource
+from simulator.batch import RequestColumns, StepLog, StepPlan, prefill_chunks
+from simulator.costs.step_cost import StepPricer
+from simulator.kv import KVAccount, survivors
 from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
-from simulator.specs import EngineLimits
+from simulator.specs import EngineLimits, PrefillMode
+
+__all__ = ["STEP_END_PRIORITY", "DecodeEngine", "StepLog"]
 
 # A step ends after every other event scheduled for the same instant
 # (simpy's NORMAL priority is 1), so requests that arrive or finish prefill at
@@ -43,151 +58,273 @@ class _StepEnd(Event):
         env.schedule(self, STEP_END_PRIORITY, delay_s)
 
 
-class StepLog:
-    """Per-step records of one engine, kept as Python lists of scalars until the end."""
-
-    COLUMNS = ("engine", "start_at", "end_at", "num_requests", "batch_tokens", "num_verified_tokens",
-               "num_accepted_tokens", "num_emitted_tokens", "capacity", "draft_s", "sched_s", "verify_s")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []
-
-    def append(self, *row: float) -> None:
-        self.rows.append(row)
-
-
 class DecodeEngine:
-    """A replica's decode loop. ``submit`` hands it prefilled requests."""
+    """A replica's step loop. ``submit`` hands it a request (prefilled in disaggregated mode)."""
 
     def __init__(self, env: simpy.Environment, engine_id: int, store: RequestStore, policy: Policy,
                  profile: HardwareProfile, acceptance: AcceptanceSource, drafter: str, gamma: int,
                  limits: EngineLimits, rng: np.random.Generator, steps: StepLog,
                  on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0,
-                 policy_profile: HardwareProfile | None = None) -> None:
+                 policy_profile: HardwareProfile | None = None, mode: PrefillMode = "disaggregated",
+                 on_preempt: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
         self.env, self.engine_id, self.store = env, engine_id, store
         self.policy, self.profile, self.acceptance = policy, profile, acceptance
         self.drafter, self.limits, self.rng, self.steps = drafter, limits, rng, steps
-        self.on_finish, self.measure_from_s = on_finish, measure_from_s
-        self.policy_profile = profile if policy_profile is None else policy_profile  # what the policy prices with
+        self.on_finish, self.measure_from_s, self.mode = on_finish, measure_from_s, mode
+        self.on_preempt = on_preempt  # disaggregated + paged: the cluster recomputes preempted requests' KV
         self.draft_tokens = policy.draft_tokens(gamma)
         if self.draft_tokens > gamma:
             raise ValueError(f"policy {policy.name} drafts {self.draft_tokens} tokens but drafter.gamma is {gamma}")
+        self.budget = limits.max_num_batched_tokens or profile.token_budget  # token budget of a step, or None
+        if mode == "chunked" and self.budget is None:
+            raise ValueError("cluster.mode=chunked needs a token budget: set cluster.max_num_batched_tokens or use "
+                             "a profile with token_budget")
+        self.pricer = StepPricer(profile, profile if policy_profile is None else policy_profile, policy, drafter,
+                                 self.draft_tokens)
+        self.kv = KVAccount(limits)
+        self.needs_context = self.pricer.needs_context or self.kv.paged or steps.detailed
         self.waiting: deque[int] = deque()
-        self.active = np.empty(0, dtype=np.int64)  # [R] request ids
-        self.remaining = np.empty(0, dtype=np.int64)  # [R] output tokens still to produce
+        # Decoding requests in admission order; counters are written to the store when they leave.
+        self.decode = RequestColumns("ids", "remaining", "held", "num_steps", "num_verified", "num_accepted")
+        # Requests being prefilled here (chunked mode), in admission order: tokens computed and to compute.
+        self.prefill = RequestColumns("ids", "done", "target", "held")
+        self._resume: dict[int, int] = {}  # preempted request -> output tokens it still needs
         self.memory = PolicyMemory()  # stale pools and EMA rows the policy carries between steps
-        self.kv_used_tokens = 0
         # Histograms over request-steps of l_r and of accepted draft tokens (0..g);
         # per-position acceptance follows from their reverse cumulative sums.
         self.verified_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
         self.accepted_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
-        self._step_costs: dict[int, tuple[float, float, CostCurve]] = {}  # R -> (draft_s, sched_s, curve)
-        self._num_steps = np.empty(0, dtype=np.int64)  # [R] per-request counters, written back at finish
-        self._num_verified = np.empty(0, dtype=np.int64)  # [R]
-        self._num_accepted = np.empty(0, dtype=np.int64)  # [R]
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
 
     @property
     def load(self) -> int:
-        """Requests held (active + waiting), for the least-loaded router."""
-        return int(self.active.size) + len(self.waiting)
+        """Requests held (decoding, prefilling and waiting), for the least-loaded router."""
+        return self.decode.size + self.prefill.size + len(self.waiting)
+
+    @property
+    def resume_remaining(self) -> Mapping[int, int]:
+        """Preempted requests not decoding yet -> output tokens they still need (read-only)."""
+        return MappingProxyType(self._resume)
+
+    @property
+    def kv_used(self) -> int:
+        """KV in use: tokens (reserve mode) or blocks (paged mode)."""
+        return self.kv.used
 
     def submit(self, request_id: int) -> None:
-        need = int(self.store.prompt_tokens[request_id] + self.store.output_tokens[request_id])
-        if need > self.limits.kv_capacity_tokens:
-            raise ValueError(f"request {request_id} needs {need} KV tokens but an engine holds only "
-                             f"{self.limits.kv_capacity_tokens} (cluster.kv_capacity_tokens)")
-        self.waiting.append(request_id)
+        store = self.store
+        if request_id in self._resume:
+            self.waiting.appendleft(request_id)  # back from recomputation: first in line, as vLLM requeues it
+        else:
+            self.kv.check_fits(request_id, int(store.prompt_tokens[request_id]),
+                               int(store.output_tokens[request_id]), self.draft_tokens)
+            self.waiting.append(request_id)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
-    def _admit(self) -> None:
+    # ------------------------------------------------------------------ admission
+
+    def _remaining_of(self, rid: int) -> int:
+        return self._resume.get(rid, int(self.store.output_tokens[rid]) - 1)
+
+    def _kv_tokens(self, rid: int) -> int:
+        """KV a request holds once (re)computed: its prompt and every output token but the last emitted one."""
+        store = self.store
+        return int(store.prompt_tokens[rid] + store.output_tokens[rid]) - 1 - self._remaining_of(rid)
+
+    def _admit(self, token_room: int | None = None) -> list[tuple[int, int]]:
+        """FCFS admission while concurrency, KV and (chunked mode) ``token_room`` allow -> [(id, KV units)]."""
         store, admitted = self.store, []
-        free_slots = self.limits.max_concurrency - self.active.size
-        while self.waiting and len(admitted) < free_slots:
+        free_slots = self.limits.max_concurrency - self.decode.size - self.prefill.size
+        while self.waiting and len(admitted) < free_slots and (token_room is None or token_room > 0):
             rid = self.waiting[0]
-            need = int(store.prompt_tokens[rid] + store.output_tokens[rid])
-            if self.kv_used_tokens + need > self.limits.kv_capacity_tokens:
+            units = self.kv.admission_units(int(store.prompt_tokens[rid]), int(store.output_tokens[rid]),
+                                            self._kv_tokens(rid))
+            if units > self.kv.free:
                 break  # FCFS: the head of the queue waits for KV space
             self.waiting.popleft()
-            self.kv_used_tokens += need
-            admitted.append(rid)
-        if not admitted:
-            return
-        ids = np.array(admitted, dtype=np.int64)
-        store.decode_start_at[ids] = self.env.now
-        store.engine[ids] = self.engine_id
-        self.active = np.concatenate((self.active, ids))
-        self.remaining = np.concatenate((self.remaining, store.output_tokens[ids] - 1))
-        zeros = np.zeros(ids.size, dtype=np.int64)
-        self._num_steps = np.concatenate((self._num_steps, zeros))
-        self._num_verified = np.concatenate((self._num_verified, zeros))
-        self._num_accepted = np.concatenate((self._num_accepted, zeros))
+            self.kv.used += units
+            admitted.append((rid, units))
+            if token_room is not None:
+                token_room -= self._kv_tokens(rid)
+        return admitted
 
-    def _step_cost(self, num_requests: int) -> tuple[float, float, CostCurve]:
-        """Draft time, scheduler time and the policy's SPS curve of a step with R requests (cached: they depend on R
-        only)."""
-        cached = self._step_costs.get(num_requests)
-        if cached is None:
-            g = self.draft_tokens
-            draft_s = self.profile.draft_s(self.drafter, num_requests, g)
-            charged = g and self.profile.charges_decision(self.policy.synchronous)
-            sched_s = self.profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
-            cached = (draft_s, sched_s, self.policy_profile.step_cost_curve(self.drafter, num_requests, g))
-            self._step_costs[num_requests] = cached
-        return cached
+    def _admit_decoding(self) -> None:
+        """Disaggregated mode: waiting requests arrive prefilled and start decoding."""
+        admitted = self._admit()
+        if admitted:
+            ids = np.array([rid for rid, _ in admitted], dtype=np.int64)
+            held = np.array([units for _, units in admitted], dtype=np.int64)
+            remaining = np.array([self._resume.pop(int(rid), -1) for rid in ids], dtype=np.int64)
+            fresh = remaining < 0
+            remaining[fresh] = self.store.output_tokens[ids[fresh]] - 1
+            self._start_decoding(ids, remaining, held)
+
+    def _admit_prefilling(self, token_room: int) -> None:
+        """Chunked mode: admitted requests join the prefill set with their (re)computation ahead."""
+        admitted = self._admit(token_room)
+        if admitted:
+            ids = np.array([rid for rid, _ in admitted], dtype=np.int64)
+            target = np.array([self._kv_tokens(rid) for rid, _ in admitted], dtype=np.int64)
+            self.prefill.append(ids=ids, done=np.zeros(ids.size, dtype=np.int64), target=target,
+                                held=np.array([units for _, units in admitted], dtype=np.int64))
+            self.store.engine[ids] = self.engine_id
+
+    def _start_decoding(self, ids: np.ndarray, remaining: np.ndarray, held: np.ndarray) -> None:
+        store = self.store
+        first = np.isnan(store.decode_start_at[ids])
+        store.decode_start_at[ids[first]] = self.env.now
+        store.engine[ids] = self.engine_id
+        zeros = np.zeros(ids.size, dtype=np.int64)
+        self.decode.append(ids=ids, remaining=remaining, held=held, num_steps=zeros, num_verified=zeros,
+                           num_accepted=zeros)
+
+    # ------------------------------------------------------------------ the step loop
 
     def _run(self):
-        store, policy, g = self.store, self.policy, self.draft_tokens
         while True:
-            self._admit()
-            if self.active.size == 0:
+            if self.mode == "disaggregated":
+                self._admit_decoding()
+            plan = self._plan()
+            if plan is None:
                 self._wakeup = self.env.event()
                 yield self._wakeup
                 self._wakeup = None
                 continue
-            active = self.active
-            num_requests = active.size
-            decoded_tokens = store.output_tokens[active] - 1 - self.remaining  # after the prefill's first token
-            confidence, accepted = self.acceptance.sample_step(
-                self.rng, store.domain_idx[active], store.difficulty[active], g, decoded_tokens)
-            draft_s, sched_s, cost = self._step_cost(num_requests)
-            view = self.memory.view(active, confidence, cost, accepted if policy.needs_outcomes else None)
-            decision = policy.decide(view)
-            lengths = check_decision(policy, decision, num_requests, g)
-            batch_tokens = num_requests + int(lengths.sum())
-            padded_slots = num_requests * (1 + int(lengths.max())) - batch_tokens
-            verify_s = self.profile.verify_s(num_requests, batch_tokens, padded_slots)
-            start_at = self.env.now
-            yield _StepEnd(self.env, draft_s + sched_s + verify_s)
-            self._apply(lengths, accepted, decision, start_at, batch_tokens, draft_s, sched_s, verify_s)
+            yield _StepEnd(self.env, plan.draft_s + plan.sched_s + plan.cost.verify_s)
+            self._apply(plan)
 
-    def _apply(self, lengths: np.ndarray, accepted: np.ndarray, decision: Decision, start_at: float,
-               batch_tokens: int, draft_s: float, sched_s: float, verify_s: float) -> None:
-        store, active, now = self.store, self.active, self.env.now
-        good = np.minimum(lengths, accepted)  # accepted draft tokens among the verified ones
-        emitted = np.minimum(good + 1, self.remaining)
-        self.remaining = self.remaining - emitted
-        self._num_steps += 1
-        self._num_verified += lengths
-        self._num_accepted += good
-        if now > self.measure_from_s:
-            self.verified_length_counts += np.bincount(lengths, minlength=self.draft_tokens + 1)
-            self.accepted_length_counts += np.bincount(good, minlength=self.draft_tokens + 1)
-        self.memory = self.memory.after(self.policy, active, decision)
-        self.steps.append(self.engine_id, start_at, now, active.size, batch_tokens, int(lengths.sum()),
-                          int(good.sum()), int(emitted.sum()), decision.capacity, draft_s, sched_s, verify_s)
-        done = self.remaining == 0
-        if done.any():
-            finished = active[done]
-            store.finished_at[finished] = now
-            store.num_steps[finished] = self._num_steps[done]
-            store.num_verified_tokens[finished] = self._num_verified[done]
-            store.num_accepted_tokens[finished] = self._num_accepted[done]
-            self.kv_used_tokens -= int((store.prompt_tokens[finished] + store.output_tokens[finished]).sum())
-            keep = ~done
-            self.active, self.remaining = active[keep], self.remaining[keep]
-            self._num_steps, self._num_verified = self._num_steps[keep], self._num_verified[keep]
-            self._num_accepted = self._num_accepted[keep]
-            self.on_finish(finished)
+    def _plan(self) -> StepPlan | None:
+        """Decide the step: decode lengths, KV (preempting if needed), prefill chunks, and its cost."""
+        plan = StepPlan(start_at=self.env.now)
+        if self.decode.size:
+            self._decide(plan)
+        if self.mode == "chunked":
+            room = self.budget - plan.decode_tokens  # type: ignore[operator]
+            if room > 0:
+                self._admit_prefilling(room - int((self.prefill.target - self.prefill.done).sum()))
+            plan.chunks = prefill_chunks(self.prefill.target - self.prefill.done, max(room, 0))
+        if plan.num_requests == 0 and not (plan.chunks.size and plan.chunks.any()):
+            return None
+        plan.cost = self.pricer.verify(plan.lengths, plan.decode_tokens, plan.context_tokens, self.prefill.done,
+                                       plan.chunks, self.steps.detailed)
+        return plan
+
+    def _decide(self, plan: StepPlan) -> None:
+        store, policy, g, decode = self.store, self.policy, self.draft_tokens, self.decode
+        ids = decode.ids
+        decoded_tokens = store.output_tokens[ids] - 1 - decode.remaining  # after the prefill's first token
+        confidence, accepted = self.acceptance.sample_step(
+            self.rng, store.domain_idx[ids], store.difficulty[ids], g, decoded_tokens)
+        context = store.prompt_tokens[ids] + decoded_tokens if self.needs_context else None  # KV before the step
+        draft_s, sched_s, cost = self.pricer.before_decision(ids.size, context)
+        view = self.memory.view(ids, confidence, cost, accepted if policy.needs_outcomes else None,
+                                token_budget=self.budget)
+        decision = policy.decide(view)
+        lengths = check_decision(policy, decision, ids.size, g, self.budget)
+        plan.decided(ids, decision, lengths, accepted, context, draft_s, sched_s)
+        if self.kv.paged:
+            before = decode.size + self.prefill.size
+            plan.keep_oldest(self._allocate_step(context, lengths))  # type: ignore[arg-type]
+            plan.num_preempted = before - decode.size - self.prefill.size
+
+    def _allocate_step(self, context: np.ndarray, lengths: np.ndarray) -> int:
+        """Paged mode: blocks for the slots this step writes; preempts the newest requests (prefilling ones first,
+        they are newer) until they fit. Returns how many decoding requests keep running."""
+        need = self.kv.step_growth(context, lengths, self.decode.held)
+        short = int(need.sum()) - self.kv.free
+        if short > 0 and self.prefill.size:
+            freed = np.cumsum(self.prefill.held[::-1])  # newest first
+            count = min(int(np.searchsorted(freed, short)) + 1, self.prefill.size)
+            self._preempt_prefilling(self.prefill.size - count)
+        keep = survivors(need, self.decode.held, self.kv.free)
+        if keep < self.decode.size:
+            self._preempt_decoding(keep)
+            need = need[:keep]
+        self.decode.held += need
+        self.kv.used += int(need.sum())
+        return keep
+
+    def _preempt_prefilling(self, keep: int) -> None:
+        gone = self.prefill.split(keep)
+        self.kv.used -= int(gone["held"].sum())
+        self.store.num_preemptions[gone["ids"]] += 1
+        self.waiting.extendleft(gone["ids"][::-1].tolist())  # oldest victim first in line
+
+    def _preempt_decoding(self, keep: int) -> None:
+        store = self.store
+        gone = self.decode.split(keep)
+        ids = gone["ids"]
+        self._write_counters(ids, gone)
+        self.kv.used -= int(gone["held"].sum())
+        store.num_preemptions[ids] += 1
+        self._resume.update(zip(ids.tolist(), gone["remaining"].tolist(), strict=True))
+        if self.mode == "chunked":
+            self.waiting.extendleft(ids[::-1].tolist())
+        else:
+            assert self.on_preempt is not None
+            self.on_preempt(ids, np.array([self._kv_tokens(int(rid)) for rid in ids], dtype=np.int64))
+
+    def _write_counters(self, ids: np.ndarray, columns: dict[str, np.ndarray]) -> None:
+        store = self.store
+        store.num_steps[ids] += columns["num_steps"]
+        store.num_verified_tokens[ids] += columns["num_verified"]
+        store.num_accepted_tokens[ids] += columns["num_accepted"]
+
+    # ------------------------------------------------------------------ applying a step
+
+    def _apply(self, plan: StepPlan) -> None:
+        now, decode = self.env.now, self.decode
+        emitted_sum = good_sum = 0
+        if plan.num_requests:
+            good = np.minimum(plan.lengths, plan.accepted)  # accepted draft tokens among the verified ones
+            emitted = np.minimum(good + 1, decode.remaining)
+            decode.remaining = decode.remaining - emitted
+            decode.num_steps += 1
+            decode.num_verified += plan.lengths
+            decode.num_accepted += good
+            if now > self.measure_from_s:
+                self.verified_length_counts += np.bincount(plan.lengths, minlength=self.draft_tokens + 1)
+                self.accepted_length_counts += np.bincount(good, minlength=self.draft_tokens + 1)
+            emitted_sum, good_sum = int(emitted.sum()), int(good.sum())
+        if plan.decision is not None:
+            self.memory = self.memory.after(self.policy, plan.decided_ids, plan.decision)
+        self.steps.record(self.engine_id, plan, now, emitted_sum, good_sum, self.budget)
+        if plan.num_requests:
+            done = decode.remaining == 0
+            if done.any():
+                self._finish(decode.take(done))
+        if plan.chunks.size and plan.chunks.any():
+            self._advance_prefill(plan)
+
+    def _finish(self, gone: dict[str, np.ndarray]) -> None:
+        finished = gone["ids"]
+        self.store.finished_at[finished] = self.env.now
+        self._write_counters(finished, gone)
+        self.kv.used -= int(gone["held"].sum())
+        self.on_finish(finished)
+
+    def _advance_prefill(self, plan: StepPlan) -> None:
+        """Chunks computed: requests whose prefill completed emit their first token (unless recomputing) and
+        decode from the next step; single-token requests finish here."""
+        store, now = self.store, self.env.now
+        prefill, chunks = self.prefill, plan.chunks
+        started = prefill.ids[(chunks > 0) & (prefill.done == 0)]
+        store.prefill_start_at[started[np.isnan(store.prefill_start_at[started])]] = plan.start_at
+        prefill.done += chunks
+        complete = prefill.done == prefill.target
+        if not complete.any():
+            return
+        gone = prefill.take(complete)
+        ids = gone["ids"]
+        remaining = np.array([self._resume.pop(int(rid), -1) for rid in ids], dtype=np.int64)
+        fresh = remaining < 0
+        store.first_token_at[ids[fresh]] = now
+        remaining[fresh] = store.output_tokens[ids[fresh]] - 1
+        single = remaining == 0
+        if single.any():
+            store.finished_at[ids[single]] = now
+            self.kv.used -= int(gone["held"][single].sum())
+            self.on_finish(ids[single])
+        self._start_decoding(ids[~single], remaining[~single], gone["held"][~single])

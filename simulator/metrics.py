@@ -215,4 +215,6 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, verified_length_count
         "mean_num_requests": _number(in_window["num_requests"].mean()) if len(in_window) else None,
     }
     summary["overload_warning"] = overload_warning(summary)
+    if "num_preempted" in steps:  # paged KV: requests preempted (by recompute) by the steps in the window
+        summary["num_preemptions"] = int(in_window["num_preempted"].sum())
     return summary

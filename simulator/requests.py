@@ -18,15 +18,17 @@ class RequestStore:
     ``num_verified_tokens`` sums l_r over the request's steps and
     ``num_accepted_tokens`` the accepted draft tokens (bonus excluded).
     ``user`` is the closed-loop user that sent the request (-1 for open loop).
+    With ``track_preemptions`` (paged KV) ``num_preemptions`` counts how often
+    the request was preempted and recomputed.
     """
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, track_preemptions: bool = False) -> None:
         self.size = 0
         self._capacity = max(capacity, 1)
         self.columns: dict[str, np.ndarray] = {}
         for name in _FLOAT_COLUMNS:
             self.columns[name] = np.full(self._capacity, np.nan)
-        for name in _INT_COLUMNS:
+        for name in _INT_COLUMNS + (("num_preemptions",) if track_preemptions else ()):
             self.columns[name] = np.full(self._capacity, -1 if name in ("engine", "user") else 0, dtype=np.int64)
 
     def __getattr__(self, name: str) -> np.ndarray:

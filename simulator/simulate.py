@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from simulator.cluster import Cluster
-from simulator.engine import StepLog
 from simulator.metrics import add_request_metrics, requests_in_run, summarize
 from simulator.specs import SimulationSpec
 
@@ -37,7 +36,7 @@ def simulate(spec: SimulationSpec, progress: Callable[[float], None] | None = No
     start_at = float(frame["arrival_at"].min()) if complete else spec.warmup_s
     # A trace's later rows are in the store from the start: they never arrived when the run stopped first.
     requests = requests_in_run(frame, start_at, None if complete else end_at)
-    steps = pd.DataFrame(cluster.steps.rows, columns=list(StepLog.COLUMNS))
+    steps = pd.DataFrame(cluster.steps.rows, columns=list(cluster.steps.columns))
     verified_counts = np.sum([e.verified_length_counts for e in cluster.engines], axis=0)
     accepted_counts = np.sum([e.accepted_length_counts for e in cluster.engines], axis=0)
     num_gpus = spec.cluster.num_decode_engines * spec.profile.gpus_per_replica

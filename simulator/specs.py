@@ -19,6 +19,8 @@ from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
 Router = Literal["round_robin", "least_loaded"]
+PrefillMode = Literal["disaggregated", "chunked"]
+KVMode = Literal["reserve", "paged"]
 
 
 class LossyPolicyWarning(UserWarning):
@@ -80,22 +82,59 @@ class DrafterSpec:
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """Admission limits of one replica. KV is reserved for prompt + full output at admission."""
+    """Admission limits of one replica.
+
+    ``kv_mode``: ``reserve`` takes KV for prompt + full output at admission;
+    ``paged`` allocates blocks of ``kv_block_tokens`` as tokens (and each
+    step's verified lookahead) are written and preempts the newest requests by
+    recompute when blocks run out (see :mod:`simulator.kv`).
+    ``max_num_batched_tokens``: the token budget of a step (decode,
+    verification and prefill-chunk tokens); ``None`` takes the profile's
+    ``token_budget`` (no budget when it has none).
+    """
 
     max_concurrency: int = 256
     kv_capacity_tokens: int = 600_000
+    kv_mode: KVMode = "reserve"
+    kv_block_tokens: int = 16
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1 or self.kv_capacity_tokens < 1:
+            raise ValueError("cluster: max_concurrency and kv_capacity_tokens must be >= 1")
+        if self.kv_mode not in ("reserve", "paged"):
+            raise ValueError(f"cluster.kv_mode must be reserve or paged, got {self.kv_mode!r}")
+        if self.kv_block_tokens < 1:
+            raise ValueError(f"cluster.kv_block_tokens must be >= 1, got {self.kv_block_tokens}")
+        if self.kv_mode == "paged" and self.kv_capacity_tokens % self.kv_block_tokens:
+            raise ValueError(f"cluster.kv_capacity_tokens={self.kv_capacity_tokens} is not a whole number of "
+                             f"cluster.kv_block_tokens={self.kv_block_tokens} blocks")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"cluster.max_num_batched_tokens must be >= 1 or null, got {self.max_num_batched_tokens}")
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """Replicas behind a router and where prefill runs.
+
+    ``mode``: ``disaggregated`` - a pool of ``num_prefill_instances`` workers
+    prefills requests and hands them to decode replicas; ``chunked`` - no
+    pool: each replica runs prefill chunks in its own steps, after the
+    decode/verification tokens, within the token budget (vLLM's and SGLang's
+    co-located default); ``num_prefill_instances`` is then unused.
+    """
+
     num_decode_engines: int = 1
     num_prefill_instances: int = 1
     router: Router = "least_loaded"
     limits: EngineLimits = field(default_factory=EngineLimits)
+    mode: PrefillMode = "disaggregated"
 
     def __post_init__(self) -> None:
         if self.router not in ("round_robin", "least_loaded"):
             raise ValueError(f"cluster.router must be round_robin or least_loaded, got {self.router!r}")
+        if self.mode not in ("disaggregated", "chunked"):
+            raise ValueError(f"cluster.mode must be disaggregated or chunked, got {self.mode!r}")
         if self.num_decode_engines < 1 or self.num_prefill_instances < 1:
             raise ValueError("cluster: num_decode_engines and num_prefill_instances must be >= 1")
 

@@ -1,0 +1,88 @@
+"""What one engine step costs, and what its policy prices it with (see :mod:`simulator.costs.profile`).
+
+:class:`StepPricer` serves one engine: the drafter's and the scheduler's time
+and the policy's cost curve before the decision, then the target's time once
+the step's tokens are known. What depends on the number of requests R only is
+cached per R (version-1 profiles: everything a policy sees); what depends on
+the requests' contexts is computed per step, vectorised over the requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from policies import CostCurve, Policy
+from simulator.costs.profile import HardwareProfile
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """The target's time of one step and the parts that explain it (seconds)."""
+
+    verify_s: float  # everything below plus query padding and per-request overhead
+    dense_s: float  # dense part over all batch tokens, CUDA-graph cliff included
+    attention_s: float  # decode attention plus prefill-chunk attention
+    eager: bool  # the step ran above the largest captured CUDA graph
+
+
+class StepPricer:
+    """Prices the steps of one engine; ``profile`` keeps time, ``policy_profile`` is what the policy believes."""
+
+    def __init__(self, profile: HardwareProfile, policy_profile: HardwareProfile, policy: Policy, drafter: str,
+                 draft_tokens: int) -> None:
+        self.profile, self.policy_profile, self.policy = profile, policy_profile, policy
+        self.drafter, self.draft_tokens = drafter, draft_tokens
+        self.draft_needs_context = profile.draft_uses_context(drafter)
+        self.curve_needs_context = policy_profile.uses_context(drafter)
+        self.attention = profile.attention is not None
+        self.needs_context = profile.uses_context(drafter) or self.curve_needs_context
+        self._by_requests: dict[int, tuple[float, float, CostCurve]] = {}  # R -> (draft_s, sched_s, curve)
+
+    def _cached(self, num_requests: int) -> tuple[float, float, CostCurve]:
+        cached = self._by_requests.get(num_requests)
+        if cached is None:
+            g, profile = self.draft_tokens, self.profile
+            draft_s = 0.0 if self.draft_needs_context else profile.draft_s(self.drafter, num_requests, g)
+            charged = g and profile.charges_decision(self.policy.synchronous)
+            sched_s = profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
+            curve = None if self.curve_needs_context else self.policy_profile.step_cost_curve(
+                self.drafter, num_requests, g)
+            cached = (draft_s, sched_s, curve)  # type: ignore[assignment]
+            self._by_requests[num_requests] = cached
+        return cached
+
+    def before_decision(self, num_requests: int, context_tokens: np.ndarray | None) -> tuple[float, float, CostCurve]:
+        """Draft time, scheduler time and the policy's cost curve of a step with these requests (``context_tokens``
+        [R], needed when :attr:`needs_context`)."""
+        draft_s, sched_s, curve = self._cached(num_requests)
+        if self.draft_needs_context:
+            draft_s = self.profile.draft_s(self.drafter, num_requests, self.draft_tokens,
+                                           float(np.mean(context_tokens)))  # type: ignore[arg-type]
+        if self.curve_needs_context:
+            curve = self.policy_profile.step_cost_curve(self.drafter, num_requests, self.draft_tokens,
+                                                        context_tokens)
+        return draft_s, sched_s, curve
+
+    def verify(self, lengths: np.ndarray, decode_tokens: int, context_tokens: np.ndarray | None,
+               chunk_context_tokens: np.ndarray, chunk_tokens: np.ndarray, detailed: bool) -> VerifyCost:
+        """The target's time of a step: ``lengths`` [R] verified draft tokens (``decode_tokens`` = sum_r 1 + l_r)
+        over ``context_tokens`` [R], and prefill chunks of ``chunk_tokens`` [P] over ``chunk_context_tokens`` [P]
+        computed prompt tokens. ``detailed`` also fills the dense part (otherwise 0) for the step log."""
+        profile = self.profile
+        num_requests = lengths.size
+        num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
+        batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
+        padded_slots = num_requests * (1 + int(lengths.max())) - decode_tokens if num_requests else 0
+        verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots)
+        attention_s = 0.0
+        if self.attention and num_requests:
+            attention_s += profile.attention_s(context_tokens, 1 + lengths)  # type: ignore[arg-type]
+        if num_chunks:
+            has = chunk_tokens > 0
+            attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])
+        if attention_s:
+            verify_s += attention_s
+        dense_s = profile.dense_s(batch_tokens) if detailed else 0.0
+        return VerifyCost(verify_s, dense_s, attention_s, profile.is_eager(batch_tokens))
