@@ -167,20 +167,24 @@ def test_writers_round_trip(tmp_path: Path):
 
 def test_fit_recovers_known_costs():
     report = fit_runs(known_runs())
-    assert np.max(np.abs(report.central_errors)) < 1e-6  # noise-free runs: the best fit is the truth
+    assert np.max(np.abs(report.fit.relative_errors)) < 1e-6  # noise-free runs: the best fit explains them exactly
+    assert np.max(np.abs(report.central_errors)) < 0.01  # the profile's parameters: within the 1% noise
     ranges = {r.name: r for r in report.identification.ranges}
-    for name, truth in (("per_request_s", PER_REQUEST_S), ("attention_s_per_context_token", ATTENTION_S),
-                        ("draft_fixed_s", DRAFT_FIXED_S), ("draft_per_position_s", DRAFT_PER_POSITION_S)):
-        assert ranges[name].best == pytest.approx(truth, rel=1e-3), name
-        assert ranges[name].low <= truth <= ranges[name].high
-    for knot in report.model.knots_tokens:
-        assert ranges[f"dense_s[B={knot:g}]"].best == pytest.approx(DENSE_FIXED_S + DENSE_PER_TOKEN_S * knot,
-                                                                    rel=1e-3)
-    # bounded by the data (at the assumed 1% noise per run: +-20% or so), on no null direction
-    assert ranges["per_request_s"].status in ("identified", "poorly identified")
-    assert ranges["per_request_s"].high < 1.5 * PER_REQUEST_S and ranges["per_request_s"].low > 0.5 * PER_REQUEST_S
-    assert ranges["attention_s_per_context_token"].status == "identified"
-    assert report.identification.null_directions == []
+    truths = {"per_request_s": PER_REQUEST_S, "attention_s_per_context_token": ATTENTION_S,
+              "draft_fixed_s": DRAFT_FIXED_S, "draft_per_position_s": DRAFT_PER_POSITION_S, "draft_per_token_s": 0.0,
+              **{f"dense_s[B={k:g}]": DENSE_FIXED_S + DENSE_PER_TOKEN_S * k for k in report.model.knots_tokens}}
+    for name, truth in truths.items():
+        assert ranges[name].low - 1e-12 <= truth <= ranges[name].high + 1e-12, name
+    # off the null direction, the best fit is the truth
+    for name in ("attention_s_per_context_token", "draft_fixed_s", "draft_per_position_s"):
+        assert ranges[name].best == pytest.approx(truths[name], rel=1e-3), name
+        assert ranges[name].status != "not identified" and not ranges[name].on_null_direction
+    # the one split static-k runs cannot make: drafter per drafted token vs target per verified token
+    assert ranges["draft_per_token_s"].status == "not identified"
+    assert all("draft_per_token_s" in d for d in report.identification.null_directions)
+    # per request: on that direction too, but bounded by costs being >= 0 to about the target's per-token cost
+    # (10 us), plus the noise - against 0 .. 40 us without speculative runs (next test)
+    assert ranges["per_request_s"].high - ranges["per_request_s"].low < 2.5 * DENSE_PER_TOKEN_S
 
 
 def test_no_speculation_cannot_split_per_token_from_per_request():
@@ -202,11 +206,10 @@ def test_no_speculation_cannot_split_per_token_from_per_request():
 def test_spec_runs_at_two_k_identify_the_split():
     report = fit_runs(known_runs(configs=((0, 1.0), (1, 1.8), (3, 2.6)), prompts=(1000,)))
     per_request = report.identification.by_name("per_request_s")
-    assert per_request.status != "not identified" and report.identification.null_directions == []
+    assert per_request.status == "identified"
     # one context (1000 + 200 / 2 tokens): its attention is folded into the per-request cost, and said so
     assert "attention over context not fitted" in " ".join(report.notes)
     truth = PER_REQUEST_S + ATTENTION_S * 1100
-    assert per_request.best == pytest.approx(truth, rel=1e-3)
     assert 0.7 * truth < per_request.low <= truth <= per_request.high < 1.3 * truth
 
 

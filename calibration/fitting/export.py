@@ -87,6 +87,7 @@ def _draft_block(model: CostModel, theta: np.ndarray, opts: ExportOptions) -> tu
     gammas = np.arange(1, opts.max_draft_tokens + 1, dtype=np.float64)
     r, g = np.meshgrid(reqs, gammas, indexing="ij")
     latency = (model.value(theta, "draft_fixed_s") + model.value(theta, "draft_per_position_s") * g
+               + model.value(theta, "draft_per_token_s") * r * g
                + model.known_s(r.ravel(), np.zeros(r.size), g.ravel()).reshape(r.shape))
     floored = bool(np.any(latency < MIN_DRAFT_S))
     latency = np.maximum(latency, MIN_DRAFT_S)

@@ -14,8 +14,9 @@ can tell it from the others; with the prior rows, whether the prior pins it.
 
 Status, in plain words:
 
-* ``identified``: the range is within +-20% of the estimate, or moves no run's
-  step time by more than the noise;
+* ``identified``: the range is within +-20% of its middle, or moves no run's
+  step time by more than the noise (also on a null direction, when costs being
+  >= 0 bound it that closely);
 * ``poorly identified``: the data bound it, but widely;
 * ``not identified``: it lies on a null direction of the data (another mix of
   parameters explains every run exactly as well); the range is bounded only by
@@ -55,6 +56,7 @@ class ParameterRange:
     reason: str
     theta_low: np.ndarray | None = None
     theta_high: np.ndarray | None = None
+    on_null_direction: bool = False  # moves along a null direction of the data
 
     @property
     def dense(self) -> bool:
@@ -167,9 +169,11 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
             continue
         cap = 10.0 * float(np.max(problem.obs.step_s)) / reach
         low, high, theta_low, theta_high, hit_cap = _profile_range(problem, vec, fit, threshold, cap)
-        status, reason = _status(best, low, high, reach, step_ref, fit.noise, loading(vec, null_data, scale_data),
+        on_null = loading(vec, null_data, scale_data)
+        status, reason = _status(best, low, high, reach, step_ref, fit.noise, on_null,
                                  loading(vec, null_full, scale_full), hit_cap, problem.options.prior is not None)
-        ranges.append(ParameterRange(name, best, low, high, status, reason, theta_low, theta_high))
+        ranges.append(ParameterRange(name, best, low, high, status, reason, theta_low, theta_high,
+                                     on_null >= NULL_LOADING))
     directions = [{model.names[i]: float(v) for i, v in enumerate(col) if abs(v) >= 0.05} for col in null_data.T]
     return Identification(ranges, directions, _alternatives(ranges, problem, step_ref), delta_chi2)
 
@@ -177,14 +181,16 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
 def _status(best: float, low: float, high: float, reach: float, step_ref: float, noise: float,
             loading_data: float, loading_full: float, hit_cap: bool, has_prior: bool) -> tuple[str, str]:
     effect = (high - low) * reach / step_ref  # how much the range moves the step time of the run it touches most
-    relative = (high - low) / (2 * best) if best > 0 else np.inf
-    if loading_data >= NULL_LOADING and effect > noise:
+    middle = 0.5 * (high + low)
+    relative = (high - low) / (2 * middle) if middle > 0 else np.inf
+    if relative <= IDENTIFIED_RELATIVE or effect <= noise:
+        return "identified", ("the data pin it down" if loading_data < NULL_LOADING else
+                              "on a null direction, but costs being >= 0 bound it closely")
+    if loading_data >= NULL_LOADING:
         if has_prior and loading_full < NULL_LOADING and not hit_cap:
             return ("poorly identified", "the data cannot tell it from other parameters; the prior bounds it")
         bound = "no upper bound within 10x the largest step" if hit_cap else "bounded only by costs being >= 0"
         return "not identified", f"other parameter mixes explain every run as well ({bound})"
-    if relative <= IDENTIFIED_RELATIVE or effect <= noise:
-        return "identified", "the data pin it down"
     if hit_cap:
         return "not identified", "the data do not bound it from above (within 10x the largest step)"
     return "poorly identified", "the data bound it only widely"

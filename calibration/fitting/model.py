@@ -8,7 +8,8 @@ One engine step over ``R`` decoding requests, ``B`` batch tokens, mean context
            + attention_s_per_context_token * R * C   # each request's KV read once per step (fitted when the
                                                      # runs' contexts vary, else given: 0 or the prior's)
            + eager_s * [B > max_captured_tokens]     # the cliff, when stated or detected
-           + draft_fixed_s * [k > 0] + draft_per_position_s * k   # the drafter, when fitted
+           + draft_fixed_s * [k > 0] + draft_per_position_s * k   # the drafter, when fitted,
+           + draft_per_token_s * R * k                               # per drafted token
            + known drafter cost (--drafter-cost), when given
 
 ``dense(B)`` is piecewise linear between its values at the knots; the parameters
@@ -18,9 +19,11 @@ every other parameter: more batch tokens never cost less.
 Why some parameters cannot be told apart (see :mod:`calibration.fitting.identify`):
 without speculation ``B = R``, and ``R`` is itself a piecewise-linear function of
 ``B``, so per-request cost and a per-token slope in ``dense`` explain the same data;
-a constant context makes ``R * C`` a multiple of ``R``; and a drafter cost per
-drafted token, ``R * k = B - R``, is never separable from the two, which is why the
-fitted drafter has no per-token term (pass a known one with ``--drafter-cost``).
+a constant context makes ``R * C`` a multiple of ``R``; and in runs that verify
+every drafted token a drafter cost per drafted token, ``R * k = B - R``, is never
+separable from the two. It is a parameter all the same: it does not change a
+static-k prediction, but it prices the steps of policies that verify fewer tokens
+than they draft (greedy, dspark), so its range is carried forward.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class CostModel:
 
     knots_tokens: np.ndarray  # [K] strictly increasing batch tokens of the dense curve
     max_captured_tokens: int | None = None  # eager above it (one more parameter, eager_s)
-    fit_drafter: bool = False  # draft_fixed_s and draft_per_position_s are parameters
+    fit_drafter: bool = False  # draft_fixed_s, draft_per_position_s and draft_per_token_s are parameters
     known_drafter: DrafterCost | None = None
     fit_attention: bool = True  # False when the runs' contexts do not vary: then it is given
     known_attention_s_per_context_token: float = 0.0  # used when fit_attention is False
@@ -79,7 +82,7 @@ class CostModel:
         if self.max_captured_tokens is not None:
             names.append("eager_s")
         if self.fit_drafter:
-            names += ["draft_fixed_s", "draft_per_position_s"]
+            names += ["draft_fixed_s", "draft_per_position_s", "draft_per_token_s"]
         return names
 
     @property
@@ -141,7 +144,7 @@ class CostModel:
         if self.max_captured_tokens is not None:
             cols.append((np.asarray(batch_tokens) > self.max_captured_tokens).astype(np.float64)[:, None])
         if self.fit_drafter:
-            cols += [(k > 0).astype(np.float64)[:, None], k[:, None]]
+            cols += [(k > 0).astype(np.float64)[:, None], k[:, None], (r * k)[:, None]]
         return np.hstack(cols)
 
     def known_s(self, num_requests: np.ndarray, context_tokens: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:

@@ -5,10 +5,9 @@
 by at least :data:`CONTEXT_SPREAD`; the drafter is fitted when there are
 speculative runs and no known drafter cost; the cliff is stated, detected
 (``detect_cliff``) or absent. The profile's central parameters are the mean of
-the alternative fits at the ends of the ranges that are not identified (along
-a null direction the best fit is an arbitrary point; the mean of the ends is
-as good a fit, the objective being convex), or the best fit when no range is
-``not identified``.
+the alternative fits at the ends of the ranges along null directions (there the
+best fit is an arbitrary point; the mean of the ends is as good a fit, the
+objective being convex), or the best fit when there is no null direction.
 """
 
 from __future__ import annotations
@@ -102,8 +101,9 @@ def _drafter(runs: list[BenchmarkRun], config: FitConfig, notes: list[str]) -> b
     if len(ks) == 1:
         notes.append(f"speculative runs at one draft length only (k={ks[0]}): the drafter's fixed and per-position "
                      "costs cannot be told apart, and other k are extrapolated")
-    notes.append("the drafter is fitted as fixed + per-position cost; its cost per drafted token is not separable "
-                 "from the target's per-token cost (R*k = B - R) and is counted in dense(B)")
+    notes.append("the drafter is fitted as fixed + per-position + per-drafted-token cost; runs that verify every "
+                 "drafted token cannot tell its per-token cost from the target's (R*k = B - R): static-k predictions "
+                 "do not depend on the split, steps that verify fewer tokens than they draft (greedy, dspark) do")
     return True
 
 
@@ -138,8 +138,8 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     best = fit(model, obs, options)
     notes += best.notes
     identification = identify(best)
-    unidentified = {r.name for r in identification.ranges if r.status == "not identified"}
-    ends = [theta for name, theta in identification.alternatives.items() if name.rsplit(".", 1)[0] in unidentified]
+    on_null = {r.name for r in identification.ranges if r.on_null_direction}
+    ends = [theta for name, theta in identification.alternatives.items() if name.rsplit(".", 1)[0] in on_null]
     central = np.mean(ends, axis=0) if ends else best.theta
     return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes)
 

@@ -63,6 +63,10 @@ def _split_words(ranges: dict[str, ParameterRange], direction: dict[str, float])
     """A null direction in plain words when it is one of the known splits."""
     names = set(direction)
     dense = any(n.startswith("dense_") for n in names)
+    if "draft_per_token_s" in names:
+        return ("the drafter's cost per drafted token vs the target's cost per verified token (and per request): "
+                "runs that verify every drafted token cannot tell them apart; static-k predictions do not depend on "
+                "the split, steps that verify fewer tokens than they draft (greedy, dspark) do")
     if "per_request_s" in names and dense:
         return ("per-request vs per-token cost: without runs that change the batch tokens per request (speculation "
                 "at different k), cost per request and cost per batch token explain the runs equally well")
