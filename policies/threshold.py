@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from policies.base import Decision, PolicyTraits, StepView, survival_by_position, trim_to_budget
+from policies.base import Decision, PolicyTraits, StepView, survival_by_position
 from policies.registry import register
 
 
@@ -16,15 +16,14 @@ from policies.registry import register
 class Threshold(PolicyTraits):
     """Fixed confidence threshold theta.
 
+    ``variant="position"`` (default): l_r = max{j : c[r, i] >= theta for all i <= j} - the paper's rule
+    (DeepSpec's eval stops a proposal at the first c_k < theta).
     ``variant="prefix"``: l_r = max{j : a[r, j] >= theta} (survival of the whole prefix).
-    ``variant="position"``: l_r = max{j : c[r, i] >= theta for all i <= j}.
     Both read only c[r, 1..j] to admit position j, so they are non-anticipating.
-    Under a token budget the requests scheduled last verify fewer
-    (:func:`policies.base.trim_to_budget`).
     """
 
     theta: float = 0.5
-    variant: Literal["prefix", "position"] = "prefix"
+    variant: Literal["prefix", "position"] = "position"
     name: ClassVar[str] = "threshold"
     synchronous: ClassVar[bool] = True
 
@@ -40,5 +39,5 @@ class Threshold(PolicyTraits):
             passed = by_position >= self.theta
         else:
             passed = np.logical_and.accumulate(view.confidence.T >= self.theta, axis=0)  # [gamma, R]
-        lengths = trim_to_budget(passed.sum(axis=0, dtype=np.int64), view.draft_budget)
+        lengths = passed.sum(axis=0, dtype=np.int64)
         return Decision(lengths=lengths, pool=by_position.T, capacity=int(lengths.sum()))
