@@ -2,7 +2,8 @@
 what is valid; exit code 2 and no traceback (unless ``HYDRA_FULL_ERROR=1``).
 
 Most rows go through ``compose()`` and the command's own checks (:func:`experiments.run.prepare`) and the
-message the command prints (:func:`experiments.errors.user_message`); a few run the real command.
+message the command prints (:func:`experiments.errors.user_message`); a few call the command's entry point
+(:func:`experiments.run.cli`), and two run it in a new interpreter.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 
 from experiments.errors import user_message
-from experiments.run import prepare
+from experiments.run import cli, prepare
 from policies import make_policy, policy_classes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,6 +176,27 @@ def _command(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
                           text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
+@pytest.fixture
+def cli_in_process(monkeypatch, capsys, tmp_path):
+    """Run the command's entry point in this process (quicker than a new interpreter): (exit code, stderr)."""
+
+    def call(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["experiments.run", "duration_s=2", "warmup_s=0", "progress=false",
+                                          f"hydra.run.dir={tmp_path}", *args])
+        monkeypatch.setenv("HYDRA_FULL_ERROR", "0")  # cli() sets it for Hydra; monkeypatch restores it
+        GlobalHydra.instance().clear()
+        try:
+            with pytest.raises(SystemExit) as exit_info:
+                cli()
+        finally:
+            GlobalHydra.instance().clear()
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        return exit_info.value.code, captured.err
+
+    return call
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -184,16 +207,16 @@ def _command(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
         (["cluster.max_concurrency=2000"], "error: profile "),  # check_spec, before any simulation
     ],
 )
-def test_command_prints_one_line_and_exits_2(tmp_path, args, expected):
-    proc = _command("duration_s=2", "warmup_s=0", "progress=false", f"hydra.run.dir={tmp_path}", *args)
-    assert proc.returncode == 2
-    assert proc.stdout == "" and proc.stderr.startswith(expected) and proc.stderr.count("\n") == 1, proc.stderr
+def test_command_prints_one_line_and_exits_2(cli_in_process, args, expected):
+    code, err = cli_in_process(*args)
+    assert code == 2 and err.startswith(expected) and err.count("\n") == 1, err
 
 
 def test_command_names_a_bad_profile_file(tmp_path):
+    # the real command, in a new interpreter: one line on stderr, nothing on stdout, exit code 2
     path = _profile(tmp_path, gpus_per_replica=True)
     proc = _command(f"hardware={path}", "progress=false", f"hydra.run.dir={tmp_path}")
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
     assert proc.stderr == f"error: {path}: field 'gpus_per_replica' must be an integer >= 1, got True\n"
 
 
