@@ -46,7 +46,7 @@ def check_profile(profile: HardwareProfile, drafter: str, draft_tokens: int, max
     if draft_tokens == 0:
         return
     if drafter not in profile.draft:
-        raise SpecError(f"{where}: no draft latency for drafter.kind={drafter}; it has: "
+        raise SpecError(f"{where}: no draft latency for drafter.kind={drafter} (or drafter.latency); it has: "
                         f"{', '.join(sorted(profile.draft)) or '(none)'}")
     table = profile.draft[drafter]
     if not _covers(table.num_requests, 1, max_concurrency):
@@ -125,6 +125,6 @@ def check_spec(spec: SimulationSpec) -> None:
     limits = spec.cluster.limits
     for profile in profiles:
         budget = limits.max_num_batched_tokens or spec.profile.token_budget  # as the engine takes it
-        check_profile(profile, spec.drafter.kind, draft_tokens, limits.max_concurrency, budget)
-        check_context_tables(profile, spec.drafter.kind, draft_tokens, spec.traffic)
+        check_profile(profile, spec.drafter.latency_table, draft_tokens, limits.max_concurrency, budget)
+        check_context_tables(profile, spec.drafter.latency_table, draft_tokens, spec.traffic)
     check_kv_capacity(spec)

@@ -55,10 +55,11 @@ class Cluster:
         self.steps = StepLog(detailed=records_costs(spec))
         self.acceptance = spec.drafter.acceptance_model()
         self.engines = [
-            DecodeEngine(self.env, i, self.store, spec.policy, spec.profile, self.acceptance, spec.drafter.kind,
-                         spec.drafter.gamma, limits, np.random.default_rng(streams[4 + i]),
+            DecodeEngine(self.env, i, self.store, spec.policy, spec.profile, self.acceptance,
+                         spec.drafter.latency_table, spec.drafter.gamma, limits, np.random.default_rng(streams[4 + i]),
                          self.steps, self._finished, measure_from_s=spec.warmup_s,
-                         policy_profile=spec.policy_profile, mode=spec.cluster.mode, on_preempt=self._recompute)
+                         policy_profile=spec.policy_profile, mode=spec.cluster.mode, on_preempt=self._recompute,
+                         estimator=spec.drafter.online_estimator())
             for i in range(spec.cluster.num_decode_engines)
         ]
         self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)
@@ -94,7 +95,7 @@ class Cluster:
         check_budget(demand, key)
         for profile in (spec.profile, spec.policy_profile):
             if profile is not None:
-                check_profile_covers(profile, spec.drafter.kind, demand)
+                check_profile_covers(profile, spec.drafter.latency_table, demand)
         if spec.duration_s is None and isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
             raise ValueError("closed-loop traffic never ends: set duration_s")
 

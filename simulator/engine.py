@@ -33,6 +33,7 @@ from simpy.events import Event
 
 from policies import Policy, PolicyMemory, check_decision
 from simulator.acceptance import AcceptanceSource
+from simulator.acceptance.online import OnlineAcceptanceEstimator
 from simulator.batch import RequestColumns, StepLog, StepPlan, prefill_chunks
 from simulator.costs.step_cost import StepPricer
 from simulator.kv import KVAccount, survivors
@@ -66,7 +67,8 @@ class DecodeEngine:
                  limits: EngineLimits, rng: np.random.Generator, steps: StepLog,
                  on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0,
                  policy_profile: HardwareProfile | None = None, mode: PrefillMode = "disaggregated",
-                 on_preempt: Callable[[np.ndarray, np.ndarray], None] | None = None) -> None:
+                 on_preempt: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                 estimator: OnlineAcceptanceEstimator | None = None) -> None:
         self.env, self.engine_id, self.store = env, engine_id, store
         self.policy, self.profile, self.acceptance = policy, profile, acceptance
         self.drafter, self.limits, self.rng, self.steps = drafter, limits, rng, steps
@@ -90,6 +92,7 @@ class DecodeEngine:
         self.prefill = RequestColumns("ids", "done", "target", "held")
         self._resume: dict[int, int] = {}  # preempted request -> output tokens it still needs
         self.memory = PolicyMemory()  # stale pools and EMA rows the policy carries between steps
+        self.estimator = estimator  # acceptance.confidence.source=online: the policy's confidences, learned
         # Histograms over request-steps of l_r and of accepted draft tokens (0..g);
         # per-position acceptance follows from their reverse cumulative sums.
         self.verified_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
@@ -215,8 +218,10 @@ class DecodeEngine:
         store, policy, g, decode = self.store, self.policy, self.draft_tokens, self.decode
         ids = decode.ids
         decoded_tokens = store.output_tokens[ids] - 1 - decode.remaining  # after the prefill's first token
-        confidence, accepted = self.acceptance.sample_step(
+        signal, accepted = self.acceptance.sample_step(
             self.rng, store.domain_idx[ids], store.difficulty[ids], g, decoded_tokens)
+        # The online estimate has learned from earlier steps' verified outcomes only (non-anticipating).
+        confidence = signal if self.estimator is None else self.estimator.estimate(signal)
         context = store.prompt_tokens[ids] + decoded_tokens if self.needs_context else None  # KV before the step
         draft_s, sched_s, cost = self.pricer.before_decision(ids.size, context)
         view = self.memory.view(ids, confidence, cost, accepted if policy.needs_outcomes else None,
@@ -228,6 +233,8 @@ class DecodeEngine:
             before = decode.size + self.prefill.size
             plan.keep_oldest(self._allocate_step(context, lengths))  # type: ignore[arg-type]
             plan.num_preempted = before - decode.size - self.prefill.size
+        if self.estimator is not None:  # the verified outcomes of this step's requests, for later steps
+            self.estimator.update(signal[: plan.num_requests], plan.lengths, plan.accepted)
 
     def _allocate_step(self, context: np.ndarray, lengths: np.ndarray) -> int:
         """Paged mode: blocks for the slots this step writes; preempts the newest requests (prefilling ones first,

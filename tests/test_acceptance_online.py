@@ -8,8 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibration.acceptance.sts import ece
+from policies import make_policy
+from simulator import ClusterSpec, DrafterSpec
 from simulator.acceptance.online import OnlineAcceptanceEstimator
 from simulator.acceptance.parametric import AcceptanceModel, ConfidenceSpec
+from simulator.cluster import Cluster
 from traces.workload import DOMAINS
 
 
@@ -93,3 +96,18 @@ def test_it_starts_from_the_drafters_signal_and_learns_away_an_overconfident_hea
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError, match="must"):
         OnlineAcceptanceEstimator(**kwargs)
+
+
+def test_engines_carry_an_estimator_each_and_learn_from_their_steps(small_spec):
+    spec = small_spec(make_policy("dspark"), drafter=DrafterSpec(
+        "dspark", 5, confidence=ConfidenceSpec(calibrated=False, source="online")),
+        cluster=ClusterSpec(num_decode_engines=2, num_prefill_instances=2))
+    cluster = Cluster(spec)
+    cluster.run()
+    estimators = [engine.estimator for engine in cluster.engines]
+    assert estimators[0] is not estimators[1]
+    for estimator in estimators:
+        assert estimator.num_labelled > 0
+        assert not np.allclose(estimator.weights, [0.0, 1.0, 0.0, 0.0])
+    head = small_spec(make_policy("dspark"))
+    assert Cluster(head).engines[0].estimator is None

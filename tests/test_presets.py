@@ -14,7 +14,8 @@ import pytest
 
 from calibration.acceptance.build import BuildOptions, build_presets
 from calibration.acceptance.inputs import read_published
-from simulator import DrafterSpec, load_profile
+from policies import make_policy
+from simulator import DrafterSpec, load_profile, simulate
 from simulator.acceptance.curves import AcceptanceCurve
 from simulator.acceptance.offline import run_offline
 from simulator.acceptance.paper import (
@@ -159,3 +160,10 @@ def test_curve_from_survival_and_tail():
         AcceptanceCurve.from_survival([0.8, 0.9])
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         AcceptanceCurve((0.9, 1.0))
+
+
+def test_the_latency_table_is_chosen_apart_from_the_preset(small_spec, default_profile):
+    steps = simulate(small_spec(make_policy("mtp3"), drafter=DrafterSpec("dspark", 5, latency="mtp"))).steps
+    row = steps.iloc[len(steps) // 2]
+    assert row["draft_s"] == pytest.approx(default_profile.draft_s("mtp", int(row["num_requests"]), 3))
+    assert row["draft_s"] != pytest.approx(default_profile.draft_s("dspark", int(row["num_requests"]), 3))
