@@ -1,4 +1,5 @@
-"""The profiler's quick CPU run writes a profile the simulator loads; the comparison figure is written."""
+"""The profiler's quick CPU runs write profiles the simulator loads (version 1, and version 2 with attention over
+context); the comparison figure is written."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from calibration.profiling.compare import main as compare_main
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
+from policies import make_policy
+from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.profile import load_profile
+from traces.synthetic import LengthSpec, TrafficSpec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,5 +76,38 @@ def test_grids_and_layout() -> None:
 def test_help_documents_every_option() -> None:
     text = subprocess.run([sys.executable, "-m", "calibration.profile_gpu", "--help"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout
-    for option in ("--preset", "--drafters", "--out", "--quick", "--context-tokens", "--repeats", "--compile"):
+    for option in ("--preset", "--drafters", "--out", "--quick", "--context-tokens", "--repeats", "--compile",
+                   "--format-version", "--attention-queries", "--chunk-tokens", "--nice"):
         assert option in text
+
+
+@pytest.fixture(scope="module")
+def measured_v2(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("profile") / "tiny_measured_v2.json"
+    subprocess.run([sys.executable, "calibration/profile_gpu.py", "--preset", "tiny", "--drafters", "dspark",
+                    "--quick", "--format-version", "2", "--nice", "-15", "--no-progress", "--device", "cpu",
+                    "--out", str(out)], cwd=REPO, check=True, capture_output=True, text=True, timeout=180)
+    return out
+
+
+def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2: Path) -> None:
+    profile = load_profile(measured_v2)
+    meta = profile.metadata
+    assert profile.version == 2 and profile.source == "measured" and profile.per_request_s is None
+    assert profile.key_padding == "longest"  # the verifier pads every request's keys to the longest context
+    assert profile.cuda_graphs is None and meta["cuda_graphs"].startswith("none: measured on cpu")
+    assert profile.attention is not None and profile.attention.x.tolist() == [0, 512, 2048]
+    assert profile.attention.y.tolist() == [1, 2, 3, 5, 9]  # 1 + gamma for the quick gammas 1, 2, 4, 8
+    assert profile.chunk_attention is not None and profile.draft_uses_context("dspark")
+    # Attention grows with context: the dense part is at context 0, so the table's first row is exactly 0, and four
+    # requests over 2048 cached tokens each take visibly longer than over none.
+    np.testing.assert_array_equal(profile.attention.values[0], 0.0)
+    four = np.full(4, 2048)
+    assert profile.attention_s(four, 1) > profile.attention_s(np.full(4, 512), 1) >= 0.0
+    assert profile.attention_s(four, 1) > 0.05 * profile.verify_s(4, 4)
+    result = simulate(SimulationSpec(
+        policy=make_policy("dspark"), profile=profile, drafter=DrafterSpec("dspark", 8),
+        traffic=TrafficSpec(arrival="closed", num_users=4, max_prompt_tokens=1500, max_output_tokens=200,
+                            lengths={d: LengthSpec(1000, 0.2, 100, 0.2) for d in ("chat", "code", "math")}),
+        cluster=ClusterSpec(limits=EngineLimits(4, 10**6)), duration_s=0.3, warmup_s=0.0))
+    assert result.summary["output_tokens_per_s"] > 0

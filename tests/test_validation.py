@@ -128,7 +128,7 @@ def test_tables_have_the_simulators_schema(served) -> None:
     sim = simulate(SimulationSpec(policy=make_policy("greedy"), profile=profile, drafter=DrafterSpec("dspark", 4),
                                   traffic=TrafficSpec(num_users=2), duration_s=0.5))
     assert list(result.requests.columns) == list(sim.requests.columns)
-    assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s"]
+    assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens"]
     assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
 
 
@@ -152,6 +152,13 @@ def test_tables_conserve_tokens(served) -> None:
     for at in steps["start_at"]:
         live = req[(req["decode_start_at"] <= at) & (req["finished_at"] > at)]
         assert (live["prompt_tokens"] + live["output_tokens"]).sum() <= spec.limits.kv_capacity_tokens
+    # contexts: a request's KV before a step is its prompt plus its output so far, less the anchor not yet cached
+    first = steps.iloc[0]
+    joined = req[req["decode_start_at"] <= first["start_at"]]
+    assert first["context_tokens"] == joined["prompt_tokens"].sum()
+    assert first["max_context_tokens"] == joined["prompt_tokens"].max()
+    assert (steps["max_context_tokens"] <= steps["context_tokens"]).all()
+    assert (steps["max_context_tokens"] <= (req["prompt_tokens"] + req["output_tokens"] - 2).max()).all()
     # timestamps in order; a step's parts fit inside it
     order = ["arrival_at", "prefill_start_at", "first_token_at", "finished_at"]
     for early, late in zip(order, order[1:], strict=False):

@@ -15,8 +15,9 @@ the workload's lengths) at several concurrencies and measures:
   table, for g = 1 and gamma;
 * the non-draft residual: step cycle (end of the previous step to the end of this
   one) minus in-loop drafter seconds minus the isolated ``1 / SPS(B) +
-  per_request(R)`` - host work and the forward passes' in-loop excess - fitted as
-  ``a_R + c B`` (one intercept per R, one slope);
+  per_request(R)`` (+ the attention table at the step's contexts, version 2) - host
+  work and the forward passes' in-loop excess - fitted as ``a_R + c B`` (one
+  intercept per R, one slope);
 * ``prefill_factor``: median of in-loop prefill seconds / the profile's ``prefill_s``;
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
@@ -107,7 +108,7 @@ class LoopCosts:
         out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
-        out["prefill"] = {"fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
+        out["prefill"] = {**out["prefill"], "fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
                           "tokens_per_s": out["prefill"]["tokens_per_s"] / self.prefill_factor}
         if np.any(step_s <= 0) or np.any(np.array(out["per_request"]["step_s"]) + 1.0 / np.array(
                 out["verify"]["steps_per_s"])[0] <= 0):
@@ -148,10 +149,11 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
             cycle_s = steps["end_at"].diff()  # end of the previous step to the end of this one
             frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r)[steps["start_at"] >= warmup_s])
     s = pd.concat(frames, ignore_index=True)
-    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g)
-                          for r, g in zip(s["num_requests"], s["draft_tokens"], strict=True)])
-    iso_verify = np.array([isolated.verify_s(r, b) for r, b in zip(s["num_requests"], s["batch_tokens"],
-                                                                   strict=True)])
+    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, c / r) for r, g, c in
+                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], strict=True)])
+    iso_verify = np.array([isolated.verify_s(r, b) + _attention_s(isolated, r, k, c, m) for r, b, k, c, m in
+                           zip(s["num_requests"], s["batch_tokens"], s["draft_tokens"], s["context_tokens"],
+                               s["max_context_tokens"], strict=True)])
     s = s.assign(draft_ratio=s["draft_s"] / iso_draft,
                  residual_s=s["cycle_s"] - s["draft_s"] - iso_verify,  # what the isolated verify table misses
                  host_s_cycle=s["cycle_s"] - s["draft_s"] - s["verify_s"])
@@ -170,6 +172,16 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]),
                      float(np.median(pd.concat(prefill_ratios))), float(host_coef[0]), float(host_coef[1]),
                      float(host_coef[2]), len(s))
+
+
+def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,
+                 max_context_tokens: int) -> float:
+    """A probe step's attention by the profile (0 without an attention table): every request verifies
+    ``draft_tokens`` (static policies) over the longest context when keys are padded to it, else over the mean."""
+    if profile.attention is None:
+        return 0.0
+    context = max_context_tokens if profile.key_padding == "longest" else context_tokens / num_requests
+    return profile.attention_s(np.full(num_requests, float(context)), 1 + draft_tokens)
 
 
 def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,

@@ -45,6 +45,7 @@ from calibration.models.drafters import Drafter, build_drafter
 from calibration.models.model import Verifier, build_verifier
 from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.loop_costs import with_loop_costs
+from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, cuda_graphs_note
 from calibration.profiling.profile_file import (
     DraftTable,
     PerRequestTable,
@@ -83,6 +84,29 @@ class ProfileConfig:
     host_overhead: bool = False  # measure the serving loop's host time and the scheduler (see module docstring)
     interleave: bool = False  # time the grid in round-robin passes (see timing.time_points)
     checkpoints: str | None = None  # time the trained models of this directory instead of the preset
+    # Version 2 (measure_context): the verify table at context 0 only, attention, chunk and drafter tables over
+    # context_axes.contexts (which context_tokens must equal); no per-request table.
+    format_version: int = 1
+    context_axes: ContextAxes | None = None
+    probe_context: int | None = None  # context of the padding and per-request probes (None: the largest)
+
+    def __post_init__(self) -> None:
+        if self.format_version not in (1, 2):
+            raise ValueError(f"format_version must be 1 or 2, got {self.format_version}")
+        if (self.format_version == 2) != (self.context_axes is not None):
+            raise ValueError("a version-2 profile needs context_axes, a version-1 profile has none")
+        if self.context_axes is not None and self.context_axes.contexts != self.context_tokens:
+            raise ValueError(f"context_tokens {self.context_tokens} must be the context axis "
+                             f"{self.context_axes.contexts} in version 2")
+
+    @property
+    def verify_contexts(self) -> tuple[int, ...]:
+        """Contexts of the verify curves: every one in version 1, only 0 in version 2 (attention is its own table)."""
+        return self.context_tokens if self.context_axes is None else (0,)
+
+    @property
+    def probe_context_tokens(self) -> int:
+        return max(self.context_tokens) if self.probe_context is None else self.probe_context
 
 
 def batch_grid(max_batch_tokens: int, grid: str) -> list[int]:
@@ -126,9 +150,11 @@ def split_tokens(tokens: int, per_request: int) -> list[int]:
 
 
 def count_points(cfg: ProfileConfig) -> int:
-    return (len(cfg.batch_tokens) * len(cfg.context_tokens) + 2 * len(cfg.num_requests)
-            + 2 * len(padded_requests(cfg)) + len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
-            + 2 + 3 * cfg.host_overhead)
+    drafts = len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
+    context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(len(cfg.drafters), len(cfg.num_requests),
+                                                                             len(cfg.draft_tokens)) - drafts
+    return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + 2 * len(cfg.num_requests)
+            + 2 * len(padded_requests(cfg)) + drafts + context + 2 + 3 * cfg.host_overhead)
 
 
 def padded_requests(cfg: ProfileConfig) -> list[int]:
@@ -186,30 +212,45 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
 
     verify_keys, points = _forward_points(cfg, model, forward, device, gen, on_point)
     drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
-    for kind, drafter in drafters.items():
-        for r in cfg.num_requests:
-            for g in cfg.draft_tokens:
-                points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, ctx_hi, device, gen, r, g)))
+    axes = cfg.context_axes
+    if axes is None:
+        for kind, drafter in drafters.items():
+            for r in cfg.num_requests:
+                for g in cfg.draft_tokens:
+                    points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, ctx_hi, device, gen, r, g)))
+    else:
+        points += context_points(axes, model, forward, device, gen, drafters, cfg.num_requests, cfg.draft_tokens)
     times = iter(time_points(points, cfg.warmup, cfg.repeats, cfg.interleave, device, on_point))
 
     curves = _verify_curves(cfg, verify_keys, times)
     per_request, padded_slot_s = _per_request_costs(cfg, times)
-    draft = {kind: DraftTable(cfg.num_requests, cfg.draft_tokens,
-                              tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
-             for kind in drafters}
+    verify = VerifyTable(tuple(curves[str(ctx_lo)]["batch_tokens"]), tuple(curves[str(ctx_lo)]["steps_per_s"]),
+                         padded_slot_s)
+    metadata = _metadata(cfg, model, device, curves, capped_from)
+    blocks = None
+    if axes is None:
+        draft = {kind: DraftTable(cfg.num_requests, cfg.draft_tokens,
+                                  tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
+                 for kind in drafters}
+    else:
+        dense = dict(zip(verify.batch_tokens, verify.steps_per_s, strict=True))
+        blocks, notes = context_blocks(axes, times, lambda n: 1.0 / dense[n], cfg.drafters, cfg.num_requests,
+                                       cfg.draft_tokens)
+        draft = {}
+        metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device))
     del drafters
     prefill = _prefill_cost(cfg, model, forward, device, gen, on_point)
 
     assumed = Assumptions()
     profile = ProfileDocument(
-        metadata=_metadata(cfg, model, device, curves, capped_from),
+        metadata=metadata,
         gpus_per_replica=1,
-        verify=VerifyTable(tuple(curves[str(ctx_lo)]["batch_tokens"]), tuple(curves[str(ctx_lo)]["steps_per_s"]),
-                           padded_slot_s),
-        per_request=PerRequestTable(cfg.num_requests, tuple(per_request)),
+        verify=verify,
+        per_request=PerRequestTable(cfg.num_requests, tuple(per_request)) if axes is None else None,
         draft=draft,
         prefill=prefill,
         scheduler=SchedulerCost(assumed.scheduler_fixed_s, assumed.scheduler_per_candidate_s),
+        version2=blocks,
     ).to_dict()
     if cfg.host_overhead:
         profile = _with_host_costs(profile, cfg, model, drafter_for, on_point)
@@ -221,10 +262,10 @@ def _forward_points(cfg: ProfileConfig, model: Verifier, forward: Callable, devi
                     ) -> tuple[list[tuple[int, int]], list[tuple[str, Prepare]]]:
     """The verifier's timing points: the verify grid per context, the per-request pairs and the padding probe.
     Returns (context, B) of each verify point that fits in memory, and every point in timing order."""
-    ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
+    ctx_lo, ctx_hi = min(cfg.context_tokens), cfg.probe_context_tokens
     points: list[tuple[str, Prepare]] = []
     verify_keys: list[tuple[int, int]] = []  # (context, B) of each verify point
-    for context in cfg.context_tokens:
+    for context in cfg.verify_contexts:
         max_slots = kv_slots_that_fit(cfg, model, device, context)
         for b in cfg.batch_tokens:
             layout = split_tokens(b, cfg.query_tokens)
@@ -248,7 +289,7 @@ def _forward_points(cfg: ProfileConfig, model: Verifier, forward: Callable, devi
 def _verify_curves(cfg: ProfileConfig, verify_keys: list[tuple[int, int]],
                    times: Iterator[float]) -> dict[str, dict[str, list]]:
     """Context length -> {batch_tokens, steps_per_s} from the verify points' times."""
-    curves: dict[str, dict[str, list]] = {str(c): {"batch_tokens": [], "steps_per_s": []} for c in cfg.context_tokens}
+    curves: dict[str, dict[str, list]] = {str(c): {"batch_tokens": [], "steps_per_s": []} for c in cfg.verify_contexts}
     for context, b in verify_keys:
         curves[str(context)]["batch_tokens"].append(b)
         curves[str(context)]["steps_per_s"].append(1.0 / next(times))
@@ -285,7 +326,7 @@ def _prefill_cost(cfg: ProfileConfig, model: Verifier, forward: Callable, device
 def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves: dict[str, dict[str, list]],
               capped_from: int | None) -> ProfileMetadata:
     """What was measured how: the models, the configuration, the timing protocol and every table's definition."""
-    ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
+    ctx_lo, ctx_hi = min(cfg.context_tokens), cfg.probe_context_tokens
     details = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -301,7 +342,9 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
                    + ("random weights" if cfg.checkpoints is None else f"weights of {cfg.checkpoints}")),
         "verify_layout": f"B tokens as ceil(B/{cfg.query_tokens}) requests; verify table at context {ctx_lo}",
         "verify_curves": curves,  # context length -> {batch_tokens, steps_per_s}
-        "per_request_definition": f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})",
+        "per_request_definition": (f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})"
+                                   if cfg.context_axes is None else
+                                   "none: version 2 prices each request's context in the attention table"),
         "padded_slot_definition": (f"least-squares slope over R of t(one request of {cfg.query_tokens} tokens "
                                    f"+ R-1 of 1) minus the linear interpolation in B between R x 1 and "
                                    f"R x {cfg.query_tokens} tokens, per padded slot (R-1) x "
@@ -310,7 +353,7 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
         "cpu_threads": torch.get_num_threads(),
         "num_requests_capped": (None if capped_from is None else
                                 f"R grid cut from {capped_from} to {cfg.num_requests[-1]}: the KV cache of more "
-                                f"requests at context {ctx_hi} does not fit the memory budget"),
+                                f"requests at context {max(cfg.context_tokens)} does not fit the memory budget"),
     }
     return ProfileMetadata(source="measured", device=device_name(device), model=model.s.name,
                            created=datetime.date.today().isoformat(), tool=TOOL, details=details)

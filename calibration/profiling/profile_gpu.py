@@ -2,6 +2,12 @@
 
     python calibration/profile_gpu.py --preset tiny --drafters dspark,dflash --out PATH
     python -m calibration.profile_gpu --preset qwen3-8b --out h200_qwen3-8b_measured.json   # on a GPU
+    python -m calibration.profile_gpu --preset tiny --format-version 2 --nice -15 --out tiny_v2.json
+
+``--format-version 2`` measures the context axes as well (:mod:`calibration.profiling.measure_context`):
+attention over (context, query tokens), prefill chunks over computed prompt tokens and
+drafter latency over context, on a context grid by device (CPU: 0..4096 tokens; GPU:
+0..32768) unless ``--context-tokens`` is given.
 
 What is timed, and how, is :mod:`calibration.profiling.measure`; the file is written by
 :mod:`calibration.profiling.profile_file`. This module owns the options and the
@@ -11,6 +17,7 @@ progress bar.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +27,10 @@ from tqdm import tqdm
 
 from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES
 from calibration.profiling.measure import DTYPES, ProfileConfig, batch_grid, count_points, measure
+from calibration.profiling.measure_context import CPU_CONTEXTS, GPU_CONTEXTS, ContextAxes
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.roofline import requests_grid
+from calibration.profiling.timing import scheduling_priority
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -50,7 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="auto = bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--quick", action="store_true",
                    help="small grids for tests: B up to 64, R in 1..16, gamma in {1,2,4,8}, 3 repeats, "
-                        "contexts 0,64, prefill 32/128 tokens (overrides the grid options below)")
+                        "contexts 0,64 (version 2: 0,512,2048, queries 1,2,3,5,9, chunks 16,64 over 0,512), "
+                        "prefill 32/128 tokens (overrides the grid options below)")
     p.add_argument("--grid", default="default", choices=["default", "full"],
                    help="B grid: default = 1..64 and every CUDA-graph size and size+1; full = every integer")
     p.add_argument("--max-batch-tokens", type=int, default=1024, help="largest B timed (default: %(default)s)")
@@ -59,9 +69,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "simulated concurrency (default: %(default)s)")
     p.add_argument("--draft-tokens", default=",".join(map(str, range(1, 17))),
                    help="comma-separated gammas for the draft tables (default: 1..16)")
-    p.add_argument("--context-tokens", default="0,2048",
-                   help="comma-separated context lengths C; the smallest gives the verify table, the largest "
-                        "the per-request and draft context (default: %(default)s)")
+    p.add_argument("--format-version", type=int, choices=(1, 2), default=1,
+                   help="1: SPS(B) at the smallest context + per-request KV reads (default); 2: the dense part at "
+                        "context 0 + attention, chunk attention and drafter tables over the context grid")
+    p.add_argument("--context-tokens", default="auto",
+                   help="comma-separated context lengths C. Version 1: the smallest gives the verify table, the "
+                        "largest the per-request and draft context (auto: 0,2048). Version 2: the context axis, "
+                        f"starting at 0 (auto: {','.join(map(str, CPU_CONTEXTS))} on CPU, "
+                        f"{','.join(map(str, GPU_CONTEXTS))} on CUDA)")
+    p.add_argument("--attention-queries", default="auto",
+                   help="version 2: query tokens per request of the attention table, starting at 1 "
+                        "(auto: every one from 1 to 1 + the largest gamma)")
+    p.add_argument("--chunk-tokens", default="auto",
+                   help="version 2: prefill chunk sizes ('' for no chunk table; auto: 64,128,256,512,1024 up to "
+                        "--max-batch-tokens)")
+    p.add_argument("--chunk-contexts", default="auto",
+                   help="version 2: computed prompt tokens before a chunk, starting at 0 (auto: the context axis)")
+    p.add_argument("--attention-requests", type=int, default=4,
+                   help="version 2: requests per attention probe (default: %(default)s)")
+    p.add_argument("--nice", type=int, default=None,
+                   help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--query-tokens", type=int, default=8,
                    help="tokens per request in the verify layout, 1 + gamma (default: %(default)s)")
     p.add_argument("--prefill-tokens", default="512,2048", help="two prompt sizes n1,n2 (default: %(default)s)")
@@ -98,23 +125,56 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
         raise SystemExit(f"unknown drafter kind(s) {', '.join(unknown)}; choose from {', '.join(DRAFT_KINDS)}")
     if args.quick:
         batch, reqs, gammas = batch_grid(64, "quick"), (1, 2, 4, 8, 16), (1, 2, 4, 8)
-        contexts, prefill, warmup, repeats = (0, 64), (32, 128), 1, 3
+        contexts = (0, 512, 2048) if args.format_version == 2 else (0, 64)
+        prefill, warmup, repeats = (32, 128), 1, 3
     else:
         batch = batch_grid(args.max_batch_tokens, args.grid)
         reqs = tuple(requests_grid(args.max_requests).tolist())
         gammas = _ints(args.draft_tokens, "--draft-tokens")
-        contexts = _ints(args.context_tokens, "--context-tokens")
+        contexts = _default_contexts(args, device)
         prefill = _ints(args.prefill_tokens, "--prefill-tokens")
         warmup, repeats = args.warmup, args.repeats
     if len(prefill) != 2 or not 0 < prefill[0] < prefill[1]:
         raise SystemExit(f"--prefill-tokens needs two sizes 0 < n1 < n2, got {prefill}")
     if args.query_tokens < 1 or repeats < 1 or warmup < 0 or min(gammas) < 1:
         raise SystemExit("--query-tokens, --repeats and every gamma must be >= 1, --warmup >= 0")
+    contexts = tuple(sorted(set(contexts)))
+    axes = None if args.format_version == 1 else _context_axes(args, contexts, max(gammas), max(batch))
     return ProfileConfig(args.preset, drafters, device, dtype, tuple(batch), tuple(int(r) for r in reqs),
-                         tuple(sorted(set(gammas))), tuple(sorted(set(contexts))), args.query_tokens,
+                         tuple(sorted(set(gammas))), contexts, args.query_tokens,
                          (prefill[0], prefill[1]), warmup, repeats, args.seed, args.compile,
                          None if args.kv_budget_gb is None else args.kv_budget_gb * 1e9, args.host_overhead,
-                         args.interleave, None if args.checkpoints is None else str(args.checkpoints))
+                         args.interleave, None if args.checkpoints is None else str(args.checkpoints),
+                         format_version=args.format_version, context_axes=axes)
+
+
+def _default_contexts(args: argparse.Namespace, device: str) -> tuple[int, ...]:
+    if args.context_tokens != "auto":
+        return _ints(args.context_tokens, "--context-tokens")
+    if args.format_version == 1:
+        return (0, 2048)
+    return GPU_CONTEXTS if device.startswith("cuda") else CPU_CONTEXTS
+
+
+def _context_axes(args: argparse.Namespace, contexts: tuple[int, ...], max_gamma: int,
+                  max_batch_tokens: int) -> ContextAxes:
+    """The version-2 grids from the options (``auto``: see the help)."""
+    def option(text: str, auto: tuple[int, ...], what: str) -> tuple[int, ...]:
+        return tuple(sorted(set(auto if text == "auto" else _ints(text, what) if text.strip() else ())))
+    if args.quick:
+        queries, chunks, chunk_contexts = (1, 2, 3, 5, 9), (16, 64), (0, 512)
+    else:
+        queries = option(args.attention_queries, tuple(range(1, max_gamma + 2)), "--attention-queries")
+        chunks = option(args.chunk_tokens, tuple(n for n in (64, 128, 256, 512, 1024) if n <= max_batch_tokens),
+                        "--chunk-tokens")
+        chunk_contexts = option(args.chunk_contexts, contexts, "--chunk-contexts")
+    if chunks and max(chunks) > max_batch_tokens:
+        raise SystemExit(f"--chunk-tokens: a chunk is priced against the verify table, which ends at "
+                         f"{max_batch_tokens} batch tokens; got {max(chunks)}")
+    try:
+        return ContextAxes(contexts, queries, chunks, chunk_contexts, args.attention_requests)
+    except ValueError as err:
+        raise SystemExit(f"profile_gpu: {err}") from err
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -134,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             bar.refresh()
 
         started = time.perf_counter()
-        data = measure(cfg, on_point, on_total)
+        with scheduling_priority(args.nice, lambda message: print(message, file=sys.stderr)):
+            data = measure(cfg, on_point, on_total)
     data["metadata"]["profiling_wall_s"] = round(time.perf_counter() - started, 3)
     write_profile(data, args.out)
     sps = data["verify"]["steps_per_s"]

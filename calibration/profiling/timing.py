@@ -8,9 +8,12 @@ the call to time.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -76,3 +79,36 @@ def time_points(points: list[tuple[str, Prepare]], warmup: int, repeats: int, in
         for call, out in zip(calls, samples, strict=True):
             out.append(time_once_s(call, sync))
     return [statistics.median(out) for out in samples]
+
+
+@contextmanager
+def scheduling_priority(nice: int | None, progress: Callable[[str], None]) -> Iterator[None]:
+    """Measure at scheduling priority ``nice`` (None: unchanged), restored afterwards.
+
+    On a shared machine other jobs preempt the loop and inflate wall-clock step
+    times in bursts. A negative nice keeps this thread on a core; with the
+    kernel's autogroup scheduling the nice of the session's group
+    (``/proc/self/autogroup``) is what competes with other sessions, so it is set
+    too. Both need root; without it the run goes on at the current priority.
+    """
+    if nice is None:
+        yield
+        return
+    group = Path("/proc/self/autogroup")
+    before_thread = os.getpriority(os.PRIO_PROCESS, 0)
+    before_group = group.read_text().split("nice")[-1].strip() if group.exists() else None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if before_group is not None:
+            group.write_text(str(nice))
+    except OSError as err:
+        progress(f"could not set nice {nice} ({err}); timing at the current priority")
+    try:
+        yield
+    finally:
+        try:
+            if before_group is not None:
+                group.write_text(before_group)
+            os.setpriority(os.PRIO_PROCESS, 0, before_thread)
+        except OSError:
+            pass  # lowering the priority back needs no privilege; raising it back may be refused

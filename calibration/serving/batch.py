@@ -144,6 +144,10 @@ class LiveBatch:
     def num_requests(self) -> int:
         return len(self.request_ids)
 
+    def context_tokens(self) -> np.ndarray:
+        """[R] KV tokens each request holds in the verifier's cache (its context before the next step)."""
+        return self.decoder.cache.lengths[: self.num_requests].numpy().copy()
+
     @property
     def outputs(self) -> list[list[int]]:
         """[R] output tokens of the request in slot r (the first one from prefill)."""

@@ -62,7 +62,10 @@ from traces.workload import DOMAINS, Workload
 
 PrefillMode = Literal["disaggregated", "colocated"]
 PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, tokens, rng) -> token ids
-STEP_COLUMNS = (*StepLog.COLUMNS, "host_s")
+# The simulator's step columns, host time, and the contexts the step attended over: the sum over the batch of
+# the KV tokens each request held before the step (the simulator's context_tokens) and the longest of them (the
+# verifier pads every request's keys to it).
+STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens")
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,7 @@ class _Server:
     def _step(self) -> None:
         batch, store, clock = self.batch, self.store, self.clock
         ids = np.array(batch.request_ids, dtype=np.int64)
+        contexts = batch.context_tokens()  # [R] KV tokens before the step
         start_at = clock.now()
         record, timing = batch.step(self.rng_accept, self.generator)
         lengths, accepted = record.lengths, record.accepted  # accepted is among the verified ones
@@ -292,7 +296,7 @@ class _Server:
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, ids.size, int(ids.size + lengths.sum()), int(lengths.sum()),
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
-                          timing.sched_s, timing.verify_s, host_s)
+                          timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()))
         if finished.size:
             self._finish(finished, end_at)
 

@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -52,6 +50,7 @@ import torch
 
 from calibration.profiling.measure import device_name
 from calibration.profiling.profile_file import write_profile
+from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
@@ -84,43 +83,10 @@ class Validation:
     sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
 
 
-@contextmanager
-def _priority(nice: int | None, progress: Callable[[str], None]) -> Iterator[None]:
-    """Measure at scheduling priority ``nice`` (None: unchanged), restored afterwards.
-
-    On a shared machine other jobs preempt the loop and inflate wall-clock step
-    times in bursts. A negative nice keeps this thread on a core; with the
-    kernel's autogroup scheduling the nice of the session's group
-    (``/proc/self/autogroup``) is what competes with other sessions, so it is set
-    too. Both need root; without it the run goes on at the current priority.
-    """
-    if nice is None:
-        yield
-        return
-    group = Path("/proc/self/autogroup")
-    before_thread = os.getpriority(os.PRIO_PROCESS, 0)
-    before_group = group.read_text().split("nice")[-1].strip() if group.exists() else None
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if before_group is not None:
-            group.write_text(str(nice))
-    except OSError as err:
-        progress(f"could not set nice {nice} ({err}); timing at the current priority")
-    try:
-        yield
-    finally:
-        try:
-            if before_group is not None:
-                group.write_text(before_group)
-            os.setpriority(os.PRIO_PROCESS, 0, before_thread)
-        except OSError:
-            pass  # lowering the priority back needs no privilege; raising it back may be refused
-
-
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
     """Profile, fit acceptance, then simulate and serve every (policy, users) point (see the module docstring)."""
     torch.set_num_threads(cfg.threads)
-    with _priority(cfg.nice, progress):
+    with scheduling_priority(cfg.nice, progress):
         return _run(cfg, progress)
 
 

@@ -1,0 +1,137 @@
+"""The context axes of a measured version-2 profile: attention, prefill chunks and drafters over context.
+
+:func:`calibration.profiling.measure.measure` with ``format_version=2`` times, besides
+the dense verify table at context 0, the points below and turns them into
+:class:`simulator.costs.Version2Blocks`:
+
+* ``attention.per_request_s[c][q]``: ``A`` requests of ``q`` query tokens each over ``c``
+  cached tokens, minus the same forward at context 0, divided by ``A``
+  (``attention_requests``): what one request's attention over its context adds to the
+  dense part. The verifier (:mod:`calibration.models.model`) pads every request's keys
+  to the longest context in the batch, so the block says ``key_padding: "longest"``.
+* ``prefill.chunk_attention.per_chunk_s[p][n]``: one request of an ``n``-token chunk over
+  ``p`` computed prompt tokens, minus the dense table at ``n`` batch tokens (so the chunk's
+  causal attention within itself is in the table too).
+* ``draft.<kind>`` with a context axis: the drafter step of
+  :func:`calibration.profiling.calls.draft_call` at every (context, R, gamma). Every
+  included drafter keeps its own KV cache of the context (the target's features injected
+  into its layers); none reads the verifier's cache.
+
+A difference of two medians can come out below 0 when the context adds less than the
+timing noise; such entries are written as 0 and counted in ``metadata.context_tables``.
+CUDA graphs: this profiler runs the verifier eagerly, so no ``cuda_graphs`` block is
+written (on CPU there are no CUDA graphs at all); the metadata says which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.timing import Prepare
+from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, Version2Blocks
+
+# Context axes by device when the command is not given one (tokens): tens of thousands on a GPU, a few
+# thousand on a CPU where the tiny models attend over them in milliseconds.
+CPU_CONTEXTS = (0, 256, 512, 1024, 2048, 4096)
+GPU_CONTEXTS = (0, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class ContextAxes:
+    """The grids of the version-2 tables."""
+
+    contexts: tuple[int, ...]  # attention and drafter context axis; starts at 0
+    queries: tuple[int, ...]  # query tokens per request of the attention table
+    chunks: tuple[int, ...]  # prefill chunk sizes (empty: no chunk_attention)
+    chunk_contexts: tuple[int, ...]  # computed prompt tokens before a chunk
+    attention_requests: int  # requests per attention probe
+
+    def __post_init__(self) -> None:
+        if not self.contexts or self.contexts[0] != 0:
+            raise ValueError(f"the context axis must start at 0 (the dense table's context), got {self.contexts}")
+        if not self.queries or self.queries[0] != 1:
+            raise ValueError(f"the query axis must start at 1 (a decoding request), got {self.queries}")
+        if self.chunks and (not self.chunk_contexts or self.chunk_contexts[0] != 0):
+            raise ValueError(f"the chunk context axis must start at 0, got {self.chunk_contexts}")
+        if self.attention_requests < 1:
+            raise ValueError(f"attention_requests must be >= 1, got {self.attention_requests}")
+
+    def num_points(self, num_drafters: int, num_requests: int, num_draft_tokens: int) -> int:
+        return (len(self.contexts) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
+                + num_drafters * len(self.contexts) * num_requests * num_draft_tokens)
+
+
+def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
+                   gen: torch.Generator, drafters: dict[str, Drafter], num_requests: tuple[int, ...],
+                   draft_tokens: tuple[int, ...]) -> list[tuple[str, Prepare]]:
+    """Every timing point of the version-2 tables, in the order :func:`context_blocks` reads their times."""
+    a = axes.attention_requests
+    points: list[tuple[str, Prepare]] = []
+    for c in axes.contexts:
+        for q in axes.queries:
+            points.append((f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, c)))
+    for p in axes.chunk_contexts:
+        for n in axes.chunks:
+            points.append((f"chunk P={p} n={n}", verify_call(model, forward, device, gen, n, [n], p)))
+    for kind, drafter in drafters.items():
+        for c in axes.contexts:
+            for r in num_requests:
+                for g in draft_tokens:
+                    points.append((f"draft {kind} C={c} R={r} gamma={g}", draft_call(drafter, c, device, gen, r, g)))
+    return points
+
+
+def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[[int], float],
+                   kinds: tuple[str, ...], num_requests: tuple[int, ...],
+                   draft_tokens: tuple[int, ...]) -> tuple[Version2Blocks, dict[str, Any]]:
+    """The version-2 blocks from the times of :func:`context_points` (same order); ``dense_s(n)``: the dense table's
+    seconds at n batch tokens, the base of a chunk. Returns the blocks and their metadata."""
+    a, clipped = axes.attention_requests, 0
+    raw = [[next(times) for _ in axes.queries] for _ in axes.contexts]  # [NC][NQ]
+    attention = []
+    for row in raw:
+        diffs = [(t - base) / a for t, base in zip(row, raw[0], strict=True)]
+        clipped += sum(d < 0 for d in diffs)
+        attention.append(tuple(max(d, 0.0) for d in diffs))
+    chunk_rows = []
+    for _ in axes.chunk_contexts:
+        diffs = [next(times) - dense_s(n) for n in axes.chunks]
+        clipped += sum(d < 0 for d in diffs)
+        chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
+    draft = {kind: ContextDraftTable(axes.contexts, num_requests, draft_tokens, tuple(
+        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.contexts))
+        for kind in kinds}
+    blocks = Version2Blocks(
+        attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
+        chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows))
+                         if axes.chunks else None),
+        draft=draft)
+    meta = {
+        "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
+                                 f"{a}; the verifier pads keys to the longest context in a batch (key_padding "
+                                 "longest)"),
+        "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens) - the verify "
+                                       "table at n batch tokens"),
+        "draft_definition": ("drafter step (one committed token, then propose) of R requests at context C; each "
+                             "drafter reads its own KV cache of the context (injected target features), none the "
+                             "verifier's"),
+        "negative_differences_written_as_0": clipped,
+        "axes": {"contexts": list(axes.contexts), "queries": list(axes.queries), "chunks": list(axes.chunks),
+                 "chunk_contexts": list(axes.chunk_contexts), "attention_requests": a},
+    }
+    return blocks, meta
+
+
+def cuda_graphs_note(device: torch.device) -> str:
+    """What the profile says about CUDA graphs (it has no cuda_graphs block)."""
+    if device.type != "cuda":
+        return f"none: measured on {device.type}, which has no CUDA graphs; no cuda_graphs block, no cliff"
+    return ("not measured: this profiler runs the verifier eagerly (no CUDA-graph capture), so the tables are eager "
+            "costs and no cuda_graphs block is written")
