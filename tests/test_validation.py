@@ -5,7 +5,9 @@
   continuously changing batch;
 * its tables have the simulator's schema and conserve tokens;
 * ``python -m calibration.validate`` on a tiny configuration meets the error bound
-  with a noise margin (see ``NOISE_MARGIN``).
+  with a noise margin (see ``NOISE_MARGIN``), and so does ``--long-context`` (slow);
+* the loop prices steps with the requests' contexts when the profile does, and
+  prefills long prompts in groups.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from calibration.models.drafters import build_drafter
 from calibration.models.model import Verifier
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
-from calibration.validation.setup import ValidationConfig, median_profile
-from calibration.validation.validate import main
+from calibration.serving.specdec import ContextCost, prefill_groups
+from calibration.validation.setup import ValidationConfig, median_profile, profile_config
+from calibration.validation.validate import main, parse_args
 from policies import make_policy
 from policies.base import CostCurve
 from policies.dspark import DSpark
@@ -252,3 +255,58 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     # lengths, not their texts), which moves tau by up to ~10%.
     assert float(table["tau_err"].abs().max()) <= 0.15
 
+
+
+def test_live_batch_prices_with_the_requests_contexts(verifier: Verifier) -> None:
+    """A profile that prices context gets each request's KV tokens before the step, as the simulator's engine."""
+    seen: list[tuple[int, list[int]]] = []
+
+    def curve(num_requests: int, contexts: np.ndarray) -> CostCurve:
+        seen.append((num_requests, contexts.tolist()))
+        return FALLING_COST
+
+    drafter = build_drafter("dflash", verifier, torch.Generator().manual_seed(2), num_layers=1)
+    batch = LiveBatch(verifier, drafter, make_policy("greedy"), ContextCost(curve), 2, max_requests=3,
+                      max_tokens_per_request=40)
+    rng = np.random.default_rng(0)
+    for rid, n in zip((0, 1), (3, 7), strict=True):
+        batch.join(rid, batch.prefill(rng.integers(0, VOCAB, n).tolist(), rng))
+    record, _ = batch.step(rng, torch.Generator().manual_seed(0))
+    batch.step(rng, torch.Generator().manual_seed(1))
+    assert seen[0] == (2, [3, 7])  # the prompts; the first output token is the anchor, not yet cached
+    assert seen[1] == (2, [3 + 1 + int(record.accepted[0]), 7 + 1 + int(record.accepted[1])])
+
+
+def test_long_prompts_are_prefilled_in_groups_that_bound_the_padded_attention() -> None:
+    assert prefill_groups([32] * 64) == [list(range(64))]  # short prompts: one forward, as before
+    assert prefill_groups([4000, 100, 50, 4096]) == [[0], [1, 2], [3]]  # 2 x 4000^2 would exceed 2^24 entries
+    assert prefill_groups([1000] * 40) == [list(range(16)), list(range(16, 32)), list(range(32, 40))]
+
+
+def test_long_context_option_sets_a_version_2_profile_over_1_to_4k_contexts() -> None:
+    cfg, _ = parse_args(["--long-context", "--output-tokens", "48"])
+    assert (cfg.prompt_tokens, cfg.prompt_limit_tokens, cfg.profile_version) == (2048, 4096, 2)
+    assert cfg.output_tokens == 48  # an option given explicitly wins over the preset
+    profile_cfg = profile_config(cfg)
+    assert profile_cfg.format_version == 2 and profile_cfg.context_axes is not None
+    assert profile_cfg.context_tokens[0] == 0 and profile_cfg.context_tokens[-1] == 4096 + 4 * 48
+    assert profile_cfg.context_axes.queries == tuple(range(1, cfg.gamma + 2))
+    assert profile_cfg.probe_context_tokens == 2048 + 24
+    with pytest.raises(ValueError, match="prompt_limit_tokens"):
+        ValidationConfig(prompt_tokens=2048, prompt_limit_tokens=1024)
+
+
+@pytest.mark.slow
+def test_long_context_validation_stays_near_the_real_loop(tmp_path) -> None:
+    """``--long-context`` on random tiny models: contexts of 1-4k tokens, mtp1 and dspark at 1 and 2 users, short
+    slices (the same noise margins as the short-context test)."""
+    result = main(["--models", "random", "--long-context", "--policies", "mtp1,dspark", "--users", "1,2",
+                   "--duration-s", "2", "--warmup-s", "0.3", "--rounds", "2", "--profile-repeats", "5",
+                   "--log-requests", "12", "--nice", "-15", "--seed", "0", "--out", str(tmp_path / "long")])
+    table = result.table
+    assert result.profile.version == 2 and result.profile.key_padding == "longest"
+    assert (table["context_real"] > 1000).all() and (table["context_sim"] > 1000).all()
+    allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
+    for metric in ("throughput", "tpu_mean"):
+        err = table[f"{metric}_err"].abs()
+        assert (err <= allowed).all(), f"{metric}: errors {err.round(3).tolist()} > {allowed.round(3).tolist()}"

@@ -123,12 +123,14 @@ class LoopCosts:
 
 def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
                        isolated: HardwareProfile, lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0,
-                       duration_s: float = 0.8, warmup_s: float = 0.2) -> LoopCosts:
-    """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``."""
+                       duration_s: float = 0.8, warmup_s: float = 0.2,
+                       max_lengths: tuple[int, int] | None = None) -> LoopCosts:
+    """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``.
+    ``max_lengths``: the longest prompt and output (default: 4 x the medians)."""
     # Static policies never read the cost curve; a flat one keeps the probe independent of the profile.
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), FLAT_COST, "loop-cost probe")
-    max_prompt = int(np.ceil(4 * lengths.prompt_median_tokens))
-    max_output = int(np.ceil(4 * lengths.output_median_tokens))
+    max_prompt, max_output = max_lengths or (int(np.ceil(4 * lengths.prompt_median_tokens)),
+                                             int(np.ceil(4 * lengths.output_median_tokens)))
     gammas = tuple(sorted({1, gamma}))
     probed = tuple(r for r in num_requests if r * (1 + gamma) <= isolated.max_batch_tokens)
     if not probed:
@@ -188,7 +190,8 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
                     probe_requests: tuple[int, ...], prefill_tokens: tuple[int, int],
                     lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
                     on_point: Callable[[str], None] = lambda _: None,
-                    policies: tuple[str, ...] = ("greedy",)) -> dict[str, Any]:
+                    policies: tuple[str, ...] = ("greedy",),
+                    max_lengths: tuple[int, int] | None = None) -> dict[str, Any]:
     """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
 
     The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
@@ -230,7 +233,8 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
                                                             np.random.default_rng(seed), warmup, repeats)
     isolated = dict(profile, prefill={"fixed_s": prefill_fixed_s, "tokens_per_s": prefill_tokens_per_s})
     on_point(f"serving-loop costs ({drafter.kind} drafter)")
-    costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed)
+    costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed,
+                               max_lengths=max_lengths)
     out = costs.fold(isolated)
     meta = out["metadata"]
     meta["forward_only"]["verifier_prefill"] = profile["prefill"]

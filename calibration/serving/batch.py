@@ -35,7 +35,7 @@ import torch
 
 from calibration.models.drafters import Drafter, softmax_t
 from calibration.models.model import KVCache, Verifier
-from calibration.serving.specdec import SpeculativeDecoder, StepRecord
+from calibration.serving.specdec import ContextCost, SpeculativeDecoder, StepRecord
 from policies.base import Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.lossless.sampler import sample_token
@@ -117,8 +117,8 @@ def _stage(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 class LiveBatch:
     """Up to ``max_requests`` requests decoded together; request ids ride along with their slots."""
 
-    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource, gamma: int,
-                 max_requests: int, max_tokens_per_request: int, temperature: float = 1.0) -> None:
+    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource | ContextCost,
+                 gamma: int, max_requests: int, max_tokens_per_request: int, temperature: float = 1.0) -> None:
         if max_requests < 1 or max_tokens_per_request < 2:
             raise ValueError(f"max_requests must be >= 1 and max_tokens_per_request >= 2, got {max_requests}, "
                              f"{max_tokens_per_request}")

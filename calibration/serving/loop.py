@@ -51,6 +51,7 @@ import torch
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
 from calibration.serving.batch import LiveBatch, Prefilled
+from calibration.serving.specdec import ContextCost
 from policies.base import Policy
 from policies.driver import CostSource
 from simulator.engine import StepLog
@@ -75,7 +76,7 @@ class ServingModels:
     verifier: Verifier
     drafter: Drafter
     prompts: PromptSource
-    cost: CostSource  # e.g. HardwareProfile.cost_curve: what the policy prices a step with
+    cost: CostSource | ContextCost  # what the policy prices a step with, e.g. HardwareProfile.cost_curve
     description: str = ""
 
 

@@ -20,7 +20,7 @@ from an injected ``torch.Generator``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,7 @@ import torch
 
 from calibration.models.drafters import Drafter, softmax_t
 from calibration.models.model import Verifier
-from policies.base import Decision, Policy
+from policies.base import CostCurve, Decision, Policy
 from policies.driver import CostSource, PolicyMemory, check_decision, cost_for
 from policies.lossless.sampler import verify_block
 
@@ -51,16 +51,44 @@ def _as_numpy_rows(probs: torch.Tensor) -> np.ndarray:
     return rows / rows.sum(axis=-1, keepdims=True)
 
 
+@dataclass(frozen=True)
+class ContextCost:
+    """What a policy prices a step with when that depends on the requests' contexts, as the simulator's engine prices
+    it: ``curve(R, context_tokens [R])``, the KV tokens each request holds before the step (for example
+    ``HardwareProfile.step_cost_curve`` of a profile with an attention table)."""
+
+    curve: Callable[[int, np.ndarray], CostCurve]
+
+
+PREFILL_ELEMENTS = 1 << 24  # most (requests x query rows x keys) one prefill forward pads its attention to
+
+
+def prefill_groups(counts: Sequence[int], limit: int = PREFILL_ELEMENTS) -> list[list[int]]:
+    """Consecutive requests prefilled together: a forward pads every request's queries and keys to the longest
+    (``R x n_max x n_max`` attention entries), so long prompts go in smaller groups; short ones stay in one forward
+    (one group keeps the numbers of a single batched forward)."""
+    groups: list[list[int]] = []
+    longest = 0
+    for r, n in enumerate(counts):
+        if groups and (len(groups[-1]) + 1) * max(longest, n) ** 2 <= limit:
+            groups[-1].append(r)
+            longest = max(longest, n)
+        else:
+            groups.append([r])
+            longest = n
+    return groups
+
+
 class SpeculativeDecoder:
     """A batch of requests decoded speculatively by ``verifier`` + ``drafter`` under ``policy``.
 
     Request r lives in cache slot r. ``cost`` gives the policy its SPS curve (a
-    :class:`policies.base.CostCurve` or a function of the number of requests, e.g.
-    ``HardwareProfile.cost_curve``).
+    :class:`policies.base.CostCurve`, a function of the number of requests, e.g.
+    ``HardwareProfile.cost_curve``, or a :class:`ContextCost` of the requests' contexts).
     """
 
-    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource, gamma: int,
-                 temperature: float = 1.0) -> None:
+    def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource | ContextCost,
+                 gamma: int, temperature: float = 1.0) -> None:
         if policy.needs_outcomes:
             raise ValueError(f"policy {policy.name!r} reads true outcomes; it cannot drive a real decoder")
         if gamma < 1:
@@ -88,12 +116,13 @@ class SpeculativeDecoder:
         max_tokens = max(len(p) for p in prompts) + max_new_tokens * (self.gamma + 1)
         self.cache = self.verifier.new_cache(len(prompts), max_tokens)
         self.drafter.new_cache(len(prompts), max_tokens)
-        slots = list(range(len(prompts)))
         counts = [len(p) - 1 for p in prompts]
-        tokens = torch.tensor([t for p in prompts for t in p[:-1]], device=device)
-        out = self.verifier(tokens, self.cache.batch(slots, counts), self.cache)
-        self.cache.commit(slots, counts)
-        self.drafter.extend_context(slots, self.drafter.features_of(out), counts)
+        for slots in prefill_groups(counts):
+            group = [counts[r] for r in slots]
+            tokens = torch.tensor([t for r in slots for t in prompts[r][:-1]], device=device)
+            out = self.verifier(tokens, self.cache.batch(slots, group), self.cache)
+            self.cache.commit(slots, group)
+            self.drafter.extend_context(slots, self.drafter.features_of(out), group)
         self.anchors = torch.tensor([p[-1] for p in prompts], device=device)
         self.outputs = [[] for _ in prompts]
         self.memory = PolicyMemory()
@@ -126,7 +155,11 @@ class SpeculativeDecoder:
             draft_tokens = np.zeros((num_requests, 0), dtype=np.int64)
             q_rows, confidence = None, np.zeros((num_requests, 0))
         ids = tuple(range(num_requests))
-        decision = self.policy.decide(self.memory.view(ids, confidence, cost_for(self.cost, num_requests)))
+        if isinstance(self.cost, ContextCost):
+            curve = self.cost.curve(num_requests, self.cache.lengths[:num_requests].numpy().copy())
+        else:
+            curve = cost_for(self.cost, num_requests)
+        decision = self.policy.decide(self.memory.view(ids, confidence, curve))
         lengths = check_decision(self.policy, decision, num_requests, num_draft)
 
         anchors = self.anchors.cpu().numpy()

@@ -24,6 +24,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
     "ttft_ms": ("TTFT mean ms", ("ttft_s", "mean"), 1e3),
     "tau": ("tau", ("mean_acceptance_length",), 1.0),
     "budget": ("verif. budget", ("verification_budget_per_request",), 1.0),
+    # KV tokens a request holds before a step, averaged over request-steps (from the steps tables; the simulator
+    # records it when its profile prices context)
+    "context": ("mean context tokens", ("mean_context_tokens",), 1.0),
 }
 TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
 
@@ -62,9 +65,20 @@ def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
+def mean_context_tokens(slices: Sequence[Any]) -> float:
+    """KV tokens per request-step over every step of the runs (NaN when their steps do not record contexts)."""
+    steps = [part.steps for part in slices if "context_tokens" in part.steps]
+    if len(steps) < len(slices) or not steps:
+        return float("nan")
+    both = pd.concat(steps, ignore_index=True)
+    return float(both["context_tokens"].sum() / both["num_requests"].sum())
+
+
 def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
     value: Any = summary
     for key in path:
+        if key not in value:
+            return float("nan")
         value = value[key]
     return float(value)
 
@@ -96,11 +110,12 @@ def worst_errors(table: pd.DataFrame) -> dict[str, float]:
 
 def markdown_table(table: pd.DataFrame) -> str:
     """Sim | real | error for every metric, one row per point."""
-    header = ["policy", "users", "machine drift"] + [METRICS[m][0] + " sim / real (err)" for m in METRICS]
+    shown = [m for m in METRICS if table[f"{m}_sim"].notna().any() or table[f"{m}_real"].notna().any()]
+    header = ["policy", "users", "machine drift"] + [METRICS[m][0] + " sim / real (err)" for m in shown]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.to_dict("records"):
         cells = [str(row["policy"]), str(row["num_users"]), f"{100 * row['machine_drift']:+.1f}%"]
-        for name in METRICS:
+        for name in shown:
             s, r, e = row[f"{name}_sim"], row[f"{name}_real"], row[f"{name}_err"]
             digits = 2 if name in ("tau", "budget") else 1
             cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%)")

@@ -29,6 +29,7 @@ from calibration.models.model import Verifier, build_verifier
 from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.loop_costs import with_loop_costs
 from calibration.profiling.measure import ProfileConfig, batch_grid, measure
+from calibration.profiling.measure_context import ContextAxes
 from calibration.profiling.timing import median_s
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.training.corpora import corpus_prompts
@@ -70,6 +71,8 @@ class ValidationConfig:
     seed: int = 0
     threads: int = 1
     nice: int | None = None  # scheduling priority while measuring (negative: ahead of other jobs; needs root)
+    profile_version: int = 1  # 2: attention over context (measure_context) instead of per-request KV reads
+    prompt_limit_tokens: int | None = None  # longest prompt (lengths above are truncated); None: 4 x prompt_tokens
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
@@ -86,10 +89,20 @@ class ValidationConfig:
             raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
         for name in self.policies:
             make_policy(name)  # fails early, naming the valid policies
+        if self.profile_version not in (1, 2):
+            raise ValueError(f"profile_version must be 1 or 2, got {self.profile_version}")
+        if self.prompt_limit_tokens is not None and self.prompt_limit_tokens < self.prompt_tokens:
+            raise ValueError(f"prompt_limit_tokens ({self.prompt_limit_tokens}) must be >= prompt_tokens "
+                             f"({self.prompt_tokens})")
 
     @property
     def max_prompt_tokens(self) -> int:
-        return 4 * self.prompt_tokens
+        return 4 * self.prompt_tokens if self.prompt_limit_tokens is None else self.prompt_limit_tokens
+
+    @property
+    def context_tokens(self) -> int:
+        """The mean context a decode step attends over (prompt + half the output)."""
+        return self.prompt_tokens + self.output_tokens // 2
 
     @property
     def max_output_tokens(self) -> int:
@@ -145,18 +158,33 @@ def build_models(cfg: ValidationConfig) -> Models:
 
 
 def profile_config(cfg: ValidationConfig) -> ProfileConfig:
-    """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users, contexts 0 and typical."""
+    """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users; contexts 0 and typical
+    (version 1), or a context axis from 0 to the longest prompt + output (version 2)."""
     max_users = max(cfg.users)
     max_batch = max_users * (1 + cfg.gamma)
     requests = sorted({r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_users} | {max_users})
-    context = cfg.prompt_tokens + cfg.output_tokens // 2  # the mean context a decode step attends over
+    contexts: tuple[int, ...] = (0, cfg.context_tokens)
+    axes = None
+    if cfg.profile_version == 2:
+        contexts = validation_contexts(cfg.max_prompt_tokens + cfg.max_output_tokens)
+        axes = ContextAxes(contexts, tuple(range(1, cfg.gamma + 2)), (), (), attention_requests=4)
     return ProfileConfig(
         preset="tiny", drafters=(cfg.drafter,), device="cpu", dtype="float32",
         batch_tokens=tuple(batch_grid(max_batch, "quick")), num_requests=tuple(requests),
-        draft_tokens=tuple(sorted({1, 2, 4, cfg.gamma})), context_tokens=(0, context), query_tokens=1 + cfg.gamma,
+        draft_tokens=tuple(sorted({1, 2, 4, cfg.gamma})), context_tokens=contexts, query_tokens=1 + cfg.gamma,
         prefill_tokens=(max(2, cfg.prompt_tokens // 2), 2 * cfg.prompt_tokens), warmup=2,
         repeats=cfg.profile_repeats, seed=cfg.seed, compile=False, host_overhead=False, interleave=True,
-        checkpoints=None)
+        checkpoints=None, format_version=cfg.profile_version, context_axes=axes, probe_context=cfg.context_tokens)
+
+
+def validation_contexts(longest_tokens: int) -> tuple[int, ...]:
+    """0, then powers of two and their midpoints from about a sixteenth of the longest context a request reaches
+    (at least 64) up to it, and that end."""
+    low = max(6, (longest_tokens // 16).bit_length() - 1)
+    points = {0, longest_tokens}
+    for k in range(low, 30):
+        points |= {p for p in (1 << k, 3 << (k - 1)) if p < longest_tokens}
+    return tuple(sorted(points))
 
 
 def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
@@ -169,7 +197,7 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     lengths = LengthSpec(cfg.prompt_tokens, cfg.length_sigma, cfg.output_tokens, cfg.length_sigma)
     data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
                            profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
-                           policies=cfg.policies)
+                           policies=cfg.policies, max_lengths=(cfg.max_prompt_tokens, cfg.max_output_tokens))
     data["metadata"]["model"] = models.description
     return profile_from_dict(data, "<validation profile>")
 
@@ -203,7 +231,7 @@ def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float
     scheduler and through shared cores and caches, so its ratio between two moments tells how much the
     machine's speed drifted between them."""
     device, gen = torch.device("cpu"), torch.Generator().manual_seed(cfg.seed)
-    context = cfg.prompt_tokens + cfg.output_tokens // 2
+    context = cfg.context_tokens
     draft = draft_call(models.drafter, context, device, gen, 1, cfg.gamma)()
     verify = verify_call(models.verifier, models.verifier, device, gen, 1 + cfg.gamma, [1 + cfg.gamma], context)()
 

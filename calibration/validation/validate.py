@@ -52,8 +52,16 @@ from calibration.profiling.measure import device_name
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
+from calibration.serving.specdec import ContextCost
 from calibration.validation.bench_export import write_benchmark
-from calibration.validation.report import frontier_figure, markdown_table, point_row, pooled_summary, worst_errors
+from calibration.validation.report import (
+    frontier_figure,
+    markdown_table,
+    mean_context_tokens,
+    point_row,
+    pooled_summary,
+    worst_errors,
+)
 from calibration.validation.setup import (
     Models,
     ValidationConfig,
@@ -65,9 +73,15 @@ from calibration.validation.setup import (
     speed_reference,
 )
 from policies import make_policy
+from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import read_log, write_log
 from simulator.profile import HardwareProfile
+
+# --long-context: prompts of 1-4k tokens (lognormal around 2048, truncated at 4096), the tiny models' short outputs,
+# and a version-2 profile whose attention table covers every context the requests reach.
+LONG_CONTEXT: dict[str, Any] = {"prompt_tokens": 2048, "length_sigma": 0.35, "prompt_limit_tokens": 4096,
+                                "profile_version": 2, "log_requests": 24}
 
 
 @dataclass(frozen=True)
@@ -161,8 +175,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                      f"({cfg.slice_duration_s:g} s)")
             policy = make_policy(name)
             serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
-                                           partial(passes[0].step_cost_curve, cfg.drafter,
-                                                   draft_tokens=policy.draft_tokens(cfg.gamma)),
+                                           _pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
                                            models.description)
             before_s = reference()
             reals[(name, users)].append(serve(ServingSpec(
@@ -173,8 +186,18 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
     return profile, passes[0], float(np.mean(profile_refs)), reals, probes
 
 
+def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
+    """What the real loop's policy prices a step with: the profile's step cost, with the requests' contexts when
+    the profile prices context (as the simulator's engine does)."""
+    if profile.uses_context(drafter):
+        return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
+    return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
+
+
 def _pooled(slices: list[Any]) -> dict[str, Any]:
-    return slices[0].summary if len(slices) == 1 else pooled_summary(slices)
+    summary = dict(slices[0].summary) if len(slices) == 1 else pooled_summary(slices)
+    summary["mean_context_tokens"] = mean_context_tokens(slices)
+    return summary
 
 
 def _simulate(cfg: ValidationConfig, point: tuple[str, int],
@@ -234,7 +257,11 @@ def report_text(result: Validation) -> str:
         f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "
         f"{1e6 * loop.get('host_per_verified_token_s', float('nan')):.1f} us/verified token",
         f"acceptance: {cfg.acceptance} of {cfg.log or 'a log recorded here'}; prefill: {cfg.prefill}; "
-        f"traffic: closed loop, {cfg.domain}, prompt ~{cfg.prompt_tokens}, output ~{cfg.output_tokens} tokens; "
+        f"traffic: closed loop, {cfg.domain}, prompt ~{cfg.prompt_tokens} (at most {cfg.max_prompt_tokens}), "
+        f"output ~{cfg.output_tokens} tokens (lognormal sigma {cfg.length_sigma}); profile version "
+        f"{result.profile.version}"
+        + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
+        + "; "
         f"{cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
         f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; seed {cfg.seed}",
         "",
@@ -272,6 +299,14 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="seconds left out of the metrics (per slice)")
     p.add_argument("--rounds", type=int, default=d.rounds,
                    help="split each real run into this many slices, run round-robin over the points")
+    p.add_argument("--prompt-limit-tokens", type=int, default=d.prompt_limit_tokens,
+                   help="longest prompt; longer draws are truncated (default: 4 x --prompt-tokens)")
+    p.add_argument("--profile-version", type=int, choices=(1, 2), default=d.profile_version,
+                   help="1: per-request KV reads at the mean context; 2: attention over each step's contexts")
+    p.add_argument("--long-context", action="store_true",
+                   help="contexts of 1-4k tokens: " + ", ".join(f"--{k.replace('_', '-')} {v}"
+                                                                  for k, v in LONG_CONTEXT.items())
+                        + " (options given explicitly win)")
     p.add_argument("--prefill", default=d.prefill, choices=["disaggregated", "colocated"])
     p.add_argument("--log", default=None, help="acceptance log to fit (default: record one here)")
     p.add_argument("--log-requests", type=int, default=d.log_requests, help="requests per domain when recording a log")
@@ -285,6 +320,9 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
     args = vars(p.parse_args(argv))
     out = args.pop("out")
+    if args.pop("long_context"):
+        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
+        args.update({k: v for k, v in LONG_CONTEXT.items() if f"--{k.replace('_', '-')}" not in given})
     try:
         return replace(d, **args), out
     except ValueError as err:
