@@ -189,6 +189,8 @@ class Cluster:
             self.env.run(until=target)
             if progress is not None:
                 progress(self.env.now)
+        for engine in self.engines:
+            engine.write_counters()
         if until is not None:
             return float(until)
         finished = self.store.finished_at[: self.store.size]

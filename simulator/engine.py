@@ -273,6 +273,14 @@ class DecodeEngine:
             assert self.on_preempt is not None
             self.on_preempt(ids, np.array([self._kv_tokens(int(rid)) for rid in ids], dtype=np.int64))
 
+    def write_counters(self) -> None:
+        """Write the decoding requests' counters so far to the store (at the end of a run, so that unfinished
+        requests show their steps, verified and accepted tokens); the engine counts on from zero."""
+        decode = self.decode
+        self._write_counters(decode.ids, {name: getattr(decode, name) for name in decode.names})
+        zeros = np.zeros(decode.size, dtype=np.int64)
+        decode.num_steps, decode.num_verified, decode.num_accepted = zeros, zeros.copy(), zeros.copy()
+
     def _write_counters(self, ids: np.ndarray, columns: dict[str, np.ndarray]) -> None:
         store = self.store
         store.num_steps[ids] += columns["num_steps"]
@@ -285,8 +293,10 @@ class DecodeEngine:
         now, decode = self.env.now, self.decode
         emitted_sum = good_sum = 0
         if plan.num_requests:
-            good = np.minimum(plan.lengths, plan.accepted)  # accepted draft tokens among the verified ones
-            emitted = np.minimum(good + 1, decode.remaining)
+            # Accepted draft tokens among the verified ones, counted only up to the request's end (tokens accepted
+            # past it are never emitted): a request-step emits its counted accepted tokens + 1.
+            good = np.minimum(np.minimum(plan.lengths, plan.accepted), decode.remaining - 1)
+            emitted = good + 1
             decode.remaining = decode.remaining - emitted
             decode.num_steps += 1
             decode.num_verified += plan.lengths
