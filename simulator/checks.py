@@ -124,7 +124,7 @@ def check_spec(spec: SimulationSpec) -> None:
     profiles = [spec.profile] + ([spec.policy_profile] if spec.policy_profile is not None else [])
     limits = spec.cluster.limits
     for profile in profiles:
-        budget = limits.max_num_batched_tokens or spec.profile.token_budget  # as the engine takes it
+        budget = spec.cluster.token_budget(spec.profile.token_budget)  # as the engine takes it
         check_profile(profile, spec.drafter.latency_table, draft_tokens, limits.max_concurrency, budget)
         check_context_tables(profile, spec.drafter.latency_table, draft_tokens, spec.traffic)
     check_kv_capacity(spec)

@@ -59,7 +59,8 @@ class Cluster:
                          spec.drafter.latency_table, spec.drafter.gamma, limits, np.random.default_rng(streams[4 + i]),
                          self.steps, self._finished, measure_from_s=spec.warmup_s,
                          policy_profile=spec.policy_profile, mode=spec.cluster.mode, on_preempt=self._recompute,
-                         estimator=spec.drafter.online_estimator())
+                         estimator=spec.drafter.online_estimator(),
+                         token_budget=spec.cluster.token_budget(spec.profile.token_budget))
             for i in range(spec.cluster.num_decode_engines)
         ]
         self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)
@@ -80,7 +81,7 @@ class Cluster:
     @staticmethod
     def _check(spec: SimulationSpec) -> None:
         limits = spec.cluster.limits
-        budget = limits.max_num_batched_tokens or spec.profile.token_budget
+        budget = spec.cluster.token_budget(spec.profile.token_budget)
         traffic = spec.traffic
         if isinstance(traffic, TrafficSpec):
             low, high = 1, traffic.max_prompt_tokens + traffic.max_output_tokens - 2
@@ -90,8 +91,9 @@ class Cluster:
         demand = RunDemand(max_concurrency=limits.max_concurrency,
                            draft_tokens=spec.policy.draft_tokens(spec.drafter.gamma), token_budget=budget,
                            chunked=spec.cluster.mode == "chunked", min_context_tokens=low, max_context_tokens=high)
-        key = "cluster.max_num_batched_tokens" if limits.max_num_batched_tokens else \
-            f"token_budget.max_num_batched_tokens of {spec.profile.path}"
+        from_profile = not limits.max_num_batched_tokens and spec.profile.token_budget is not None
+        key = f"token_budget.max_num_batched_tokens of {spec.profile.path}" if from_profile else \
+            "cluster.max_num_batched_tokens"
         check_budget(demand, key)
         for profile in (spec.profile, spec.policy_profile):
             if profile is not None:

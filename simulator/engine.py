@@ -68,7 +68,7 @@ class DecodeEngine:
                  on_finish: Callable[[np.ndarray], None], measure_from_s: float = 0.0,
                  policy_profile: HardwareProfile | None = None, mode: PrefillMode = "disaggregated",
                  on_preempt: Callable[[np.ndarray, np.ndarray], None] | None = None,
-                 estimator: OnlineAcceptanceEstimator | None = None) -> None:
+                 estimator: OnlineAcceptanceEstimator | None = None, token_budget: int | None = None) -> None:
         self.env, self.engine_id, self.store = env, engine_id, store
         self.policy, self.profile, self.acceptance = policy, profile, acceptance
         self.drafter, self.limits, self.rng, self.steps = drafter, limits, rng, steps
@@ -77,10 +77,9 @@ class DecodeEngine:
         self.draft_tokens = policy.draft_tokens(gamma)
         if self.draft_tokens > gamma:
             raise ValueError(f"policy {policy.name} drafts {self.draft_tokens} tokens but drafter.gamma is {gamma}")
-        self.budget = limits.max_num_batched_tokens or profile.token_budget  # token budget of a step, or None
+        self.budget = token_budget  # the most batch tokens of a step (ClusterSpec.token_budget), or None
         if mode == "chunked" and self.budget is None:
-            raise ValueError("cluster.mode=chunked needs a token budget: set cluster.max_num_batched_tokens or use "
-                             "a profile with token_budget")
+            raise ValueError("cluster.mode=chunked needs a token budget")
         self.pricer = StepPricer(profile, profile if policy_profile is None else policy_profile, policy, drafter,
                                  self.draft_tokens)
         self.kv = KVAccount(limits)

@@ -21,6 +21,9 @@ from traces.workload import Workload
 Router = Literal["round_robin", "least_loaded"]
 PrefillMode = Literal["disaggregated", "chunked"]
 KVMode = Literal["reserve", "paged"]
+# The token budget of chunked mode when neither the config nor the profile sets one: vLLM's default
+# max_num_batched_tokens for its API server on 70+ GB GPUs (H100, H200). Every step's budget is in steps.parquet.
+CHUNKED_DEFAULT_BUDGET_TOKENS = 8192
 
 
 class LossyPolicyWarning(UserWarning):
@@ -90,7 +93,9 @@ class EngineLimits:
     recompute when blocks run out (see :mod:`simulator.kv`).
     ``max_num_batched_tokens``: the token budget of a step (decode,
     verification and prefill-chunk tokens); ``None`` takes the profile's
-    ``token_budget`` (no budget when it has none).
+    ``token_budget``; with neither there is no budget in disaggregated mode
+    and :data:`CHUNKED_DEFAULT_BUDGET_TOKENS` in chunked mode
+    (:meth:`ClusterSpec.token_budget`).
     """
 
     max_concurrency: int = 256
@@ -135,6 +140,14 @@ class ClusterSpec:
             raise ValueError(f"cluster.router must be round_robin or least_loaded, got {self.router!r}")
         if self.mode not in ("disaggregated", "chunked"):
             raise ValueError(f"cluster.mode must be disaggregated or chunked, got {self.mode!r}")
+
+    def token_budget(self, profile_budget: int | None) -> int | None:
+        """The most batch tokens one step may hold: ``cluster.max_num_batched_tokens``, else the profile's
+        ``token_budget``, else none (disaggregated) or :data:`CHUNKED_DEFAULT_BUDGET_TOKENS` (chunked)."""
+        budget = self.limits.max_num_batched_tokens or profile_budget
+        if budget is None and self.mode == "chunked":
+            return CHUNKED_DEFAULT_BUDGET_TOKENS
+        return budget
         if self.num_decode_engines < 1 or self.num_prefill_instances < 1:
             raise ValueError("cluster: num_decode_engines and num_prefill_instances must be >= 1")
 

@@ -14,6 +14,7 @@ from policies import check_decision, make_policy, policy_classes
 from policies.base import CostCurve, Decision, StepView
 from simulator import ClusterSpec, EngineLimits, simulate
 from simulator.batch import prefill_chunks
+from simulator.specs import CHUNKED_DEFAULT_BUDGET_TOKENS
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
@@ -118,9 +119,9 @@ def test_chunked_ttft_responds_to_decode_load(small_spec):
                                _probe_ttft(small_spec, "disaggregated", 200))
 
 
-def test_budget_errors_at_start(small_spec):
-    with pytest.raises(ValueError, match="cluster.mode=chunked needs a token budget"):
-        simulate(small_spec(make_policy("none"), cluster=ClusterSpec(mode="chunked")))
+def test_budget_errors_at_start_and_the_chunked_default(small_spec):
+    steps = simulate(small_spec(make_policy("none"), cluster=ClusterSpec(mode="chunked"), duration_s=1.0)).steps
+    assert (steps["budget_tokens"] == CHUNKED_DEFAULT_BUDGET_TOKENS).all()  # no budget in config or profile
     with pytest.raises(ValueError, match=r"token budget \(cluster.max_num_batched_tokens=32\) is below "
                                          r"cluster.max_concurrency=64"):
         simulate(small_spec(make_policy("none"), cluster=chunked_cluster(32, max_concurrency=64)))

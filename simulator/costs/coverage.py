@@ -48,9 +48,6 @@ def check_budget(demand: RunDemand, budget_key: str) -> None:
         raise ValueError(f"the token budget ({budget_key}={demand.token_budget}) is below "
                          f"cluster.max_concurrency={demand.max_concurrency}: every decoding request needs one token "
                          "per step; raise the budget or lower the concurrency")
-    if demand.chunked and demand.token_budget is None:
-        raise ValueError("cluster.mode=chunked needs a token budget: set cluster.max_num_batched_tokens or use a "
-                         "profile with token_budget")
 
 
 def check_profile_covers(profile: HardwareProfile, drafter: str, demand: RunDemand) -> None:
