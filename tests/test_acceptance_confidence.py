@@ -1,4 +1,5 @@
-"""The parametric confidence head: per-position AUC, calibration of prefix survival, and Figure 6 from its samples.
+"""The parametric confidence head: per-position AUC, calibration of prefix survival, and Figures 5 and 6 from its
+samples.
 
 Samples come from the offline protocol (every draft verified, whole
 requests), the population of steps the AUCs are defined over. With about 70k
@@ -13,8 +14,10 @@ import pytest
 
 from calibration.acceptance.confidence import figure6_table, sample, survival_auc
 from calibration.acceptance.sts import auc, ece, fit_sts
+from policies import make_policy
+from policies.base import CostCurve, StepView
 from simulator.acceptance.offline import run_offline
-from simulator.acceptance.paper import FIGURE6_AUC, FIGURE6_ECE_RAW, FIGURE6_POSITIONS
+from simulator.acceptance.paper import FIGURE5_ACCEPTANCE_RATE, FIGURE6_AUC, FIGURE6_ECE_RAW, FIGURE6_POSITIONS
 from simulator.acceptance.parametric import DEFAULT_OVERCONFIDENCE, AcceptanceModel, ConfidenceSpec
 
 
@@ -107,3 +110,37 @@ def test_an_unreachable_auc_names_the_position_and_the_range():
     model = AcceptanceModel("qwen3-8b_eagle3", 7, confidence=ConfidenceSpec(auc=(0.8, 0.99)))
     with pytest.raises(ValueError, match=r"auc=0\.990 at position 2 cannot be reached .* reaches 0\.\d+\.\.0\.\d+"):
         model.sample_step(np.random.default_rng(0), np.zeros(4, dtype=np.int64), np.zeros(4), 7)
+
+
+FIGURE5_BENCHMARKS = {"math": "gsm8k", "code": "humaneval", "chat": "mt_bench"}
+
+
+@pytest.fixture(scope="module")
+def figure5():
+    """Acceptance rate with the bonus token at theta 0, 0.4 and 0.8 per variant and domain (Qwen3-4B DSpark)."""
+    cost = CostCurve(np.arange(1, 3), np.ones(2))  # the threshold rule reads confidences only
+    rates = {}
+    for variant in ("position", "prefix"):
+        for domain, bench in FIGURE5_BENCHMARKS.items():
+            for theta in (0.0, 0.4, 0.8):
+                policy = make_policy("threshold", theta=theta, variant=variant)
+                model = AcceptanceModel("qwen3-4b_dspark", 7, benchmark_mix={bench: 1.0})
+                result = run_offline(model, domain, 7, np.random.default_rng(2), 3000, 48,
+                                     lengths=lambda c, p=policy: p.decide(StepView(c, cost)).lengths)
+                rates[variant, domain, theta] = result.acceptance_rate
+    return rates
+
+
+@pytest.mark.parametrize("domain", FIGURE5_BENCHMARKS)
+def test_figure5_threshold_sweep(figure5, domain):
+    at_zero, at_top = FIGURE5_ACCEPTANCE_RATE[domain]
+    for variant in ("position", "prefix"):
+        rates = [figure5[variant, domain, theta] for theta in (0.0, 0.4, 0.8)]
+        assert rates[0] == pytest.approx(at_zero, abs=0.012)  # every draft verified: tau / 8 of the benchmark
+        assert rates[0] < rates[1] < rates[2]
+    # At the top threshold the paper's rule lands 3-5 points under Figure 5, prefix survival within 2.5.
+    assert figure5["position", domain, 0.8] == pytest.approx(at_top, abs=0.06)
+    assert figure5["prefix", domain, 0.8] == pytest.approx(at_top, abs=0.025)
+    # Chat, where fixed-length verification wastes most, gains most from the threshold.
+    gain = {d: figure5["position", d, 0.8] - figure5["position", d, 0.0] for d in FIGURE5_BENCHMARKS}
+    assert gain["chat"] == max(gain.values())
