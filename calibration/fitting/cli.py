@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto", choices=["auto", "vllm", "sglang", "csv"],
                    help="format of every file (default: by extension: .json vllm, .jsonl sglang, .csv csv)")
     p.add_argument("--tpot", default="mean", choices=["mean", "median"], help="TPOT statistic (default: mean)")
+    p.add_argument("--step", default="tpot", choices=["tpot", "itl"],
+                   help="mean step time: TPOT x acceptance length (default), or the mean ITL when the server "
+                        "streams one chunk per step")
     p.add_argument("--batch", default="littles", choices=["littles", "nominal"],
                    help="decoding requests per step: Little's law over decode, or the nominal concurrency")
     p.add_argument("--knots", type=int, default=12, help="most dense-curve knots over the observed batches")
@@ -99,7 +102,7 @@ def run(argv: list[str] | None = None) -> tuple[dict, str]:
         drafter = DrafterCost(*_numbers(args.drafter_cost, 3, "--drafter-cost", "FIXED_S,PER_POSITION_S,PER_TOKEN_S"))
     kind = _drafter_kind(runs, args.drafter_kind)
     config = FitConfig(
-        tpot=args.tpot, batch=args.batch, num_knots=args.knots, max_batch_tokens=args.max_batch_tokens,
+        tpot=args.tpot, batch=args.batch, step=args.step, num_knots=args.knots, max_batch_tokens=args.max_batch_tokens,
         max_captured_tokens=args.max_captured_tokens, detect_cliff=args.detect_cliff, drafter_cost=drafter,
         prior=parse_prior(args.prior) if args.prior else None, prior_std=args.prior_std, drafter_kind=kind,
         noise=args.noise_pct / 100, smoothness=args.smoothness_pct / 100)
@@ -115,7 +118,7 @@ def run(argv: list[str] | None = None) -> tuple[dict, str]:
         **({"created": args.created} if args.created else {}))
     text = full_report(report)
     if args.check:
-        held_out = [observe(r, config.tpot, config.batch) for r in read_results(args.check, args.format)]
+        held_out = [observe(r, config.tpot, config.batch, config.step) for r in read_results(args.check, args.format)]
         text += "\n\n" + check_table(report, held_out)
     return profiles(report, options), text
 

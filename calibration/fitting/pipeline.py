@@ -21,7 +21,7 @@ from calibration.fitting.fit import Cliff, Fit, FitOptions, detect_cliff, fit
 from calibration.fitting.identify import Identification, identify
 from calibration.fitting.model import CostModel, DrafterCost, Observations, default_knots
 from calibration.fitting.prior import roofline_attention_s_per_context_token, roofline_prior
-from calibration.fitting.runs import BatchEstimate, BenchmarkRun, StepObservation, TpotStatistic, observe
+from calibration.fitting.runs import BatchEstimate, BenchmarkRun, StepEstimate, StepObservation, TpotStatistic, observe
 
 CONTEXT_SPREAD = 1.25  # largest / smallest mean context across runs needed to fit attention over context
 
@@ -32,6 +32,7 @@ class FitConfig:
 
     tpot: TpotStatistic = "mean"
     batch: BatchEstimate = "littles"
+    step: StepEstimate = "tpot"
     num_knots: int = 12
     max_batch_tokens: int | None = None  # extend the dense curve (smoothly, without data) up to here
     max_captured_tokens: int | None = None  # a stated cliff
@@ -111,7 +112,7 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     """Fit the step-cost model to ``runs`` and identify its parameters (see the module docstring)."""
     if len(runs) < 2:
         raise ValueError(f"need at least 2 runs to fit, got {len(runs)}")
-    observations = [observe(r, config.tpot, config.batch) for r in runs]
+    observations = [observe(r, config.tpot, config.batch, config.step) for r in runs]
     obs = Observations.of(observations)
     notes: list[str] = []
     fit_attention, attention_given = _attention(obs, config, notes)

@@ -126,8 +126,9 @@ def check_table(report: FitReport, observations: list[StepObservation]) -> str:
               for k in ("num_requests", "batch_tokens", "context_tokens", "num_draft_tokens")]
     thetas = [report.central, *report.identification.alternatives.values()]
     predicted = np.array([model.predict_s(theta, *arrays) for theta in thetas])  # [fits, runs]
-    lines = ["held-out runs (not fitted): TPOT predicted from the run's own batch and acceptance length",
-             f"  {'run':<34} {'config':<9} {'load':<10} {'TPOT':>10} {'predicted [interval]':>32} {'error':>7}"]
+    lines = ["held-out runs (not fitted): time per token (step time / tokens per step) predicted at the run's own "
+             "batch and acceptance length",
+             f"  {'run':<34} {'config':<9} {'load':<10} {'measured':>10} {'predicted [interval]':>32} {'error':>7}"]
     errors = []
     for i, o in enumerate(observations):
         tpot = o.step_s / o.tokens_per_step

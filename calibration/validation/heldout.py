@@ -19,12 +19,15 @@ The path a user takes, tested end to end on our own ground truth:
    compared with the real loop: error of the central prediction and whether the interval over
    the alternatives covers the real value.
 
-Writes the validation's outputs plus ``bench/`` (the benchmark files), ``fitted_profile.json``,
-``heldout.csv`` and ``heldout.md``.
+Writes the validation's outputs plus ``bench/`` (the benchmark files), ``heldout_config.json``,
+``fitted_profile.json``, ``heldout.csv`` and ``heldout.md``. The analysis (steps 3 and 4) reads only those
+files: ``--reanalyse DIR`` repeats it without serving (``--step itl`` fits the mean ITL as the step time
+instead of TPOT x acceptance length; outputs then end in ``_itl``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable
@@ -39,13 +42,14 @@ from calibration.fitting.export import ExportOptions, profiles
 from calibration.fitting.pipeline import FitConfig, FitReport, fit_runs
 from calibration.fitting.readers import read_results
 from calibration.fitting.report import full_report
-from calibration.validation.report import point_row, pooled_summary
+from calibration.fitting.runs import StepEstimate
+from calibration.validation.report import METRICS, point_row, pooled_summary
 from calibration.validation.setup import ValidationConfig, simulator_setup
-from calibration.validation.validate import Validation, parse_args, run_validation, write_outputs
+from calibration.validation.validate import parse_args, run_validation, write_outputs
 from policies import make_policy
 from simulator import ClusterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import write_log
-from simulator.profile import HardwareProfile, profile_from_dict
+from simulator.profile import HardwareProfile, load_profile, profile_from_dict
 
 FIT_POLICIES = ("none", "mtp1", "mtp3")
 HELD_OUT_POLICIES = ("mtp7", "greedy", "dspark")
@@ -54,18 +58,19 @@ WITHIN = 0.05  # a held-out point passes within 5% of the real value, or when th
 
 @dataclass(frozen=True)
 class HeldOut:
-    validation: Validation
+    config: ValidationConfig
     report: FitReport
     profile: dict[str, Any]  # the fitted profile (alternatives in metadata.fit.alternatives)
     table: pd.DataFrame  # one row per point
 
 
-def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: HardwareProfile,
-                        created: str) -> tuple[FitReport, dict[str, Any]]:
+def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: HardwareProfile, created: str,
+                        step: StepEstimate = "tpot") -> tuple[FitReport, dict[str, Any]]:
     """Fit from the none/mtp1/mtp3 rows of the benchmark CSV; the scheduler block comes from ``measured``."""
     allowed = {make_policy(p).draft_tokens(cfg.gamma) for p in FIT_POLICIES}
     runs = [r for r in read_results([bench_csv]) if r.num_speculative_tokens in allowed]
-    report = fit_runs(runs, FitConfig(max_batch_tokens=max(cfg.users) * (1 + cfg.gamma), drafter_kind=cfg.drafter))
+    report = fit_runs(runs, FitConfig(step=step, max_batch_tokens=max(cfg.users) * (1 + cfg.gamma),
+                                      drafter_kind=cfg.drafter))
     options = ExportOptions(device=str(measured.metadata.get("device", "cpu")), model=str(runs[0].label),
                             drafter_kind=cfg.drafter, max_requests=max(cfg.users) + 1, max_draft_tokens=cfg.gamma,
                             max_context_tokens=cfg.max_prompt_tokens + cfg.max_output_tokens, created=created)
@@ -96,22 +101,37 @@ def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: Hard
     return pooled_summary(slices) if len(slices) > 1 else slices[0].summary
 
 
-def step_error(cfg: ValidationConfig, name: str, slices: list[Any], profile: HardwareProfile) -> float:
+def window_steps(cfg: ValidationConfig, steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps of a point's saved table (``slice`` column) that ended inside their slice's window."""
+    end_s = cfg.warmup_s + (cfg.duration_s - cfg.warmup_s) / cfg.rounds
+    return steps[(steps["end_at"] > cfg.warmup_s) & (steps["end_at"] <= end_s)]
+
+
+def step_error(cfg: ValidationConfig, name: str, steps: pd.DataFrame, profile: HardwareProfile) -> float:
     """The cost model alone: ``profile``'s price of the real loop's own steps in the windows (their R and B, the
     policy's draft tokens, its decision when charged; no attention: the fit folds it into per-request cost) over
     their measured duration, less one. Acceptance and decisions play no part: they are the real ones."""
     policy = make_policy(name)
     g = policy.draft_tokens(cfg.gamma)
     charged = bool(g) and profile.charges_decision(policy.synchronous)
-    predicted_s, measured_s = 0.0, 0.0
-    for part in slices:
-        start_s, end_s = part.spec.warmup_s, part.spec.warmup_s + part.summary["window_s"]
-        steps = part.steps[(part.steps["end_at"] > start_s) & (part.steps["end_at"] <= end_s)]
-        for r, b in zip(steps["num_requests"].astype(int), steps["batch_tokens"].astype(int), strict=True):
-            predicted_s += profile.verify_s(r, b) + profile.draft_s(cfg.drafter, r, g) + (
-                profile.scheduler_s(r * g, name) if charged else 0.0)
-        measured_s += float((steps["end_at"] - steps["start_at"]).sum())
-    return predicted_s / measured_s - 1.0
+    steps = window_steps(cfg, steps)
+    predicted_s = sum(profile.verify_s(r, b) + profile.draft_s(cfg.drafter, r, g)
+                      + (profile.scheduler_s(r * g, name) if charged else 0.0)
+                      for r, b in zip(steps["num_requests"].astype(int), steps["batch_tokens"].astype(int),
+                                      strict=True))
+    return predicted_s / float((steps["end_at"] - steps["start_at"]).sum()) - 1.0
+
+
+def real_summary(row: dict[str, Any]) -> dict[str, Any]:
+    """The real side of a validation row (``points.csv``) as the summary entries :func:`point_row` reads."""
+    out: dict[str, Any] = {"num_requests_finished": row["real_requests_finished"],
+                           "cpu_fraction": row["real_cpu_fraction"]}
+    for name, (_, path, scale) in METRICS.items():
+        target = out
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = row.get(f"{name}_real", float("nan")) / scale  # NaN: a metric added since the run
+    return out
 
 
 def _row(point: tuple[str, int], central: dict[str, Any], alternatives: dict[str, dict[str, Any]],
@@ -140,28 +160,40 @@ def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
     return float("nan") if value is None else float(value)
 
 
-def run_heldout(cfg: ValidationConfig, out: Path, progress: Callable[[str], None], created: str) -> HeldOut:
-    cfg = replace(cfg, policies=FIT_POLICIES + HELD_OUT_POLICIES)
-    validation = run_validation(cfg, progress)
-    write_outputs(validation, out)  # the validation's own outputs, bench/ included
-    logs = {g: write_log(log, out / f"acceptance_log_g{g}.parquet") for g, log in validation.logs.items()}
-    progress("fitting a profile to the none/mtp1/mtp3 benchmark results")
-    report, data = fit_from_benchmarks(out / "bench" / "runs.csv", cfg, validation.profile, created)
+def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str], None]) -> HeldOut:
+    """Fit and predict from what a validation run left in ``out`` (its config, points.csv, measured profile,
+    acceptance logs, real step tables and bench/): the analysis of :func:`run_heldout`, repeatable offline."""
+    config = json.loads((out / "heldout_config.json").read_text())
+    cfg = ValidationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
+    measured = load_profile(out / "profile.json")
+    logs = {int(p.stem.rsplit("g", 1)[1]): p for p in sorted(out.glob("acceptance_log_g*.parquet"))}
+    progress(f"fitting a profile to the none/mtp1/mtp3 benchmark results (step time from {step})")
+    report, data = fit_from_benchmarks(out / "bench" / "runs.csv", cfg, measured, created, step)
     central = profile_from_dict(data, str(out / "fitted_profile.json"))
     alternatives = {n: profile_from_dict(a, f"alternative {n}")
                     for n, a in data["metadata"]["fit"]["alternatives"].items()}
-    drifts = dict(zip(zip(validation.table["policy"], validation.table["num_users"], strict=True),
-                      validation.table["machine_drift"], strict=True))
     rows = []
-    for point, slices in validation.real.items():
-        progress(f"{point[0]} users={point[1]}: simulating with the fitted profile and its alternatives")
-        real = pooled_summary(slices) if len(slices) > 1 else slices[0].summary
-        sims = {n: _simulate_point(cfg, point, p, logs, validation.profile) for n, p in alternatives.items()}
-        row = _row(point, _simulate_point(cfg, point, central, logs, validation.profile), sims, real,
-                   float(drifts[point]))
-        row["step_err"] = step_error(cfg, point[0], slices, central)
+    for point in pd.read_csv(out / "points.csv").to_dict("records"):
+        name, users = str(point["policy"]), int(point["num_users"])
+        progress(f"{name} users={users}: simulating with the fitted profile and its alternatives")
+        sims = {n: _simulate_point(cfg, (name, users), p, logs, measured) for n, p in alternatives.items()}
+        row = _row((name, users), _simulate_point(cfg, (name, users), central, logs, measured), sims,
+                   real_summary(point), float(point["machine_drift"]))
+        row["step_err"] = step_error(cfg, name, pd.read_parquet(out / f"real_{name}_u{users}_steps.parquet"), central)
         rows.append(row)
-    return HeldOut(validation, report, data, pd.DataFrame(rows))
+    return HeldOut(cfg, report, data, pd.DataFrame(rows))
+
+
+def run_heldout(cfg: ValidationConfig, out: Path, step: StepEstimate, created: str,
+                progress: Callable[[str], None]) -> HeldOut:
+    """Serve every point for real (the validation), write its outputs, then :func:`analyse` them."""
+    cfg = replace(cfg, policies=FIT_POLICIES + HELD_OUT_POLICIES)
+    validation = run_validation(cfg, progress)
+    write_outputs(validation, out)  # the validation's own outputs, bench/ included
+    for g, log in validation.logs.items():
+        write_log(log, out / f"acceptance_log_g{g}.parquet")
+    (out / "heldout_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    return analyse(out, step, created, progress)
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -203,14 +235,25 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> HeldOut:
-    cfg, out = parse_args(argv)
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--step", default="tpot", choices=["tpot", "itl"],
+                     help="the fit's step time: TPOT x acceptance length (what users have), or the mean ITL")
+    own.add_argument("--reanalyse", type=Path, default=None,
+                     help="fit and predict again from an earlier run's output directory (no serving)")
+    known, rest = own.parse_known_args(argv)
     created = str(np.datetime64("today"))
-    result = run_heldout(cfg, out, lambda msg: print(msg, file=sys.stderr, flush=True), created)
-    (out / "fitted_profile.json").write_text(json.dumps(result.profile, indent=1) + "\n")
-    result.table.to_csv(out / "heldout.csv", index=False)
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if known.reanalyse is not None:
+        out = known.reanalyse
+        result = analyse(out, known.step, created, progress)
+    else:
+        cfg, out = parse_args(rest)
+        result = run_heldout(cfg, out, known.step, created, progress)
+    suffix = "" if known.step == "tpot" else f"_{known.step}"
+    (out / f"fitted_profile{suffix}.json").write_text(json.dumps(result.profile, indent=1) + "\n")
+    result.table.to_csv(out / f"heldout{suffix}.csv", index=False)
     text = "\n\n".join([full_report(result.report), markdown(result.table), "\n".join(summary_lines(result.table))])
-    (out / "heldout.md").write_text(text + "\n")
-    (out / "heldout_config.json").write_text(json.dumps(asdict(result.validation.config), indent=1) + "\n")
+    (out / f"heldout{suffix}.md").write_text(text + "\n")
     print(text)
     return result
 
