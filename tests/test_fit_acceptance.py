@@ -19,17 +19,33 @@ from traces.synthetic import TrafficSpec
 
 # What DeepSpec's eval.py prints (deepspec/eval/base_evaluator.py, build_results_table, with prettytable), for
 # a hypothetical drafter of a team's own: one row per dataset, accept_rate@k a prefix survival.
-DEEPSPEC_TABLE = """\
-{"target_name_or_path": "Qwen/Qwen3-32B", "temperature": 1.0}
-+---------------+----------+------------+----------+------------+-------------+---------+------------+--------+----------+---------------+---------------+---------------+---------------+---------------+---------------+---------------+
-|    dataset    | target_model | draft_model | #propose | accept_len | verify_rate | samples | out_tokens | tok/s  | verify/s | accept_rate@0 | accept_rate@1 | accept_rate@2 | accept_rate@3 | accept_rate@4 | accept_rate@5 | accept_rate@6 |
-+---------------+----------+------------+----------+------------+-------------+---------+------------+--------+----------+---------------+---------------+---------------+---------------+---------------+---------------+---------------+
-|     gsm8k     | Qwen3-32B | step_latest | 7.00+1 | 6.11 | 0.7638 | 500 | 201234 | 512.33 | 95.12 | 0.9490 | 0.8700 | 0.7950 | 0.7250 | 0.6600 | 0.6000 | 0.5450 |
-|   humaneval   | Qwen3-32B | step_latest | 6.98+1 | 5.38 | 0.6741 | 164 | 80233 | 498.10 | 93.40 | 0.9300 | 0.8250 | 0.7180 | 0.6150 | 0.5200 | 0.4350 | 0.3600 |
-|    mt-bench   | Qwen3-32B | step_latest | 7.00+1 | 3.66 | 0.4575 | 80 | 40110 | 401.20 | 101.00 | 0.7800 | 0.5900 | 0.4400 | 0.3280 | 0.2420 | 0.1760 | 0.1270 |
-| arena-hard-v2 | Qwen3-32B | step_latest | 7.00+1 | 3.25 | 0.4063 | 500 | 150311 | 388.00 | 104.30 | 0.7300 | 0.5200 | 0.3680 | 0.2600 | 0.1820 | 0.1270 | 0.0880 |
-+---------------+----------+------------+----------+------------+-------------+---------+------------+--------+----------+---------------+---------------+---------------+---------------+---------------+---------------+---------------+
-"""
+HEADER = ["dataset", "target_model", "draft_model", "#propose", "accept_len", "verify_rate", "samples", "out_tokens",
+          "tok/s", "verify/s", *[f"accept_rate@{k}" for k in range(7)]]
+ROWS = [
+    ["gsm8k", "Qwen3-32B", "step_latest", "7.00+1", "6.11", "0.7638", "500", "201234", "512.33", "95.12",
+     "0.9490", "0.8700", "0.7950", "0.7250", "0.6600", "0.6000", "0.5450"],
+    ["humaneval", "Qwen3-32B", "step_latest", "6.98+1", "5.38", "0.6741", "164", "80233", "498.10", "93.40",
+     "0.9300", "0.8250", "0.7180", "0.6150", "0.5200", "0.4350", "0.3600"],
+    ["mt-bench", "Qwen3-32B", "step_latest", "7.00+1", "3.66", "0.4575", "80", "40110", "401.20", "101.00",
+     "0.7800", "0.5900", "0.4400", "0.3280", "0.2420", "0.1760", "0.1270"],
+    ["arena-hard-v2", "Qwen3-32B", "step_latest", "7.00+1", "3.25", "0.4063", "500", "150311", "388.00", "104.30",
+     "0.7300", "0.5200", "0.3680", "0.2600", "0.1820", "0.1270", "0.0880"],
+]
+
+
+def pretty_table(rows: list[list[str]]) -> str:
+    """The rows as prettytable draws them, after the JSON line eval.py prints first."""
+    widths = [max(len(cell) for cell in column) + 2 for column in zip(HEADER, *rows, strict=True)]
+    rule = "+" + "+".join("-" * w for w in widths) + "+"
+
+    def line(cells: list[str]) -> str:
+        return "|" + "|".join(cell.center(w) for cell, w in zip(cells, widths, strict=True)) + "|"
+
+    body = [rule, line(HEADER), rule, *map(line, rows), rule]
+    return "\n".join(['{"target_name_or_path": "Qwen/Qwen3-32B", "temperature": 1.0}', *body]) + "\n"
+
+
+DEEPSPEC_TABLE = pretty_table(ROWS)
 
 
 @pytest.fixture
@@ -50,7 +66,7 @@ def test_deepspec_rows_read_as_survival_curves(deepspec_table):
 
 
 def test_the_tab_separated_layout_reads_the_same(deepspec_table, tmp_path):
-    lines = [line for line in DEEPSPEC_TABLE.splitlines() if line.startswith("|")]
+    lines = [line for line in DEEPSPEC_TABLE.splitlines() if line.startswith("|")]  # what prints without prettytable
     tsv = tmp_path / "eval.tsv"
     tsv.write_text("\n".join("\t".join(c.strip() for c in line.strip("|").split("|")) for line in lines) + "\n")
     def fields(rows):
@@ -85,14 +101,14 @@ def test_one_command_from_a_deepspec_table_to_a_simulation(deepspec_table, tmp_p
 
 def test_a_thresholded_eval_is_refused(tmp_path):
     path = tmp_path / "t.txt"
-    path.write_text(DEEPSPEC_TABLE.replace("| 7.00+1 | 6.11 |", "| 5.31+1 | 5.20 |"))
+    path.write_text(pretty_table([ROWS[0][:3] + ["5.31+1", "5.20"] + ROWS[0][5:], *ROWS[1:]]))
     with pytest.raises(InputError, match=r"line 5: #propose 5.31\+1 .* --confidence-threshold 0"):
         read_deepspec(path)
 
 
 def test_an_unknown_dataset_needs_a_domain(tmp_path):
     path = tmp_path / "t.txt"
-    path.write_text(DEEPSPEC_TABLE.replace("|     gsm8k     |", "|  internal-qa  |"))
+    path.write_text(pretty_table([["internal-qa"] + ROWS[0][1:], *ROWS[1:]]))
     with pytest.raises(InputError, match="no domain for benchmark 'internal_qa'.*--domain internal_qa="):
         read_deepspec(path)
     assert read_deepspec(path, {"internal_qa": "chat"})[0].domain == "chat"
