@@ -82,8 +82,9 @@ def warn_other_target(drafter: DrafterSpec, profile: HardwareProfile) -> None:
     preset = load_preset(drafter.acceptance_preset)
     model = str(profile.metadata.get("model", "?"))
     if preset.target.lower() != model.lower():
-        log.warning("ACCEPTANCE FROM ANOTHER TARGET: preset %s was measured on %s, the hardware profile models %s",
-                    preset.name, preset.target, model)
+        measured = "states no target" if preset.target == "unspecified" else f"was measured on {preset.target}"
+        log.warning("ACCEPTANCE FROM ANOTHER TARGET: preset %s %s, the hardware profile models %s",
+                    preset.name, measured, model)
 
 
 def spec_of(run: RunConfig) -> SimulationSpec:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from simulator.acceptance.presets import DEFAULT_PRESETS
+
 STATS = ("mean", "p50", "p90", "p99")
 
 
@@ -58,13 +60,24 @@ def provenance_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _acceptance_source(s: dict[str, Any]) -> str:
+    """Where the run's acceptance came from, as the resolved config says (summaries without it: nothing)."""
+    drafter = (s.get("config") or {}).get("drafter") or {}
+    if drafter.get("log"):
+        return f", acceptance replayed from {drafter['log']}"
+    if "kind" not in drafter:
+        return ""
+    preset = drafter.get("acceptance") or DEFAULT_PRESETS.get(drafter["kind"], drafter["kind"])
+    return f", acceptance preset {preset}, draft latency {drafter.get('latency') or drafter['kind']}"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     s = summary
     lossy = "" if s["lossless"] else "   <-- LOSSY policy: outputs do NOT follow the target distribution"
     positions = " ".join(_num(x, ".2f") for x in s["acceptance_rate_per_position"]) or "-"
     lines = [
         f"policy        {s['policy']} {s['policy_params'] or ''}{lossy}",
-        f"drafter       {s['drafter']} (gamma {s['gamma']})",
+        f"drafter       {s['drafter']} (gamma {s['gamma']}){_acceptance_source(s)}",
         f"hardware      {s['profile']}   [{s['profile_source'].upper()}]",
         f"window        [{s['window_start_at']:.1f}, {s['window_end_at']:.1f}] s: {s['window_s']:.1f} s simulated, "
         f"{s['num_steps']} steps",
