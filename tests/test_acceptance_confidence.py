@@ -9,6 +9,8 @@ rounds an AUC's standard error is about 0.003 and an ECE's noise floor about
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,17 @@ def test_figure5_threshold_sweep(figure5, domain):
     # Chat, where fixed-length verification wastes most, gains most from the threshold.
     gain = {d: figure5["position", d, 0.8] - figure5["position", d, 0.0] for d in FIGURE5_BENCHMARKS}
     assert gain["chat"] == max(gain.values())
+
+
+def test_a_long_fit_says_so_in_the_log_and_a_floored_auc_warns(caplog):
+    rng = np.random.default_rng(0)
+    mix = {"gsm8k": 1.0, "math500": 1.0, "aime25": 1.0}
+    with caplog.at_level(logging.INFO, logger="simulator.acceptance.parametric"):
+        model = AcceptanceModel("qwen3-8b_dspark", 17, benchmark_mix=mix)  # 3 curves x 17 positions
+        model.sample_step(rng, np.zeros(3000, dtype=np.int64), model.request_difficulty(rng, 3000), 17)
+    assert "fitting the acceptance model of preset qwen3-8b_dspark: 3 curve(s) x 17 positions" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="simulator.acceptance.parametric"):
+        model = AcceptanceModel("qwen3-8b_dspark", 7, confidence=ConfidenceSpec(auc=0.6))
+        model.sample_step(rng, np.zeros(5, dtype=np.int64), np.zeros(5), 7)
+    assert "below what knowing the step's difficulty alone gives" in caplog.text
