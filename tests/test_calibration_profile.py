@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from calibration.profiling.compare import main as compare_main
+from calibration.profiling.loop_costs import LoopCosts
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.profile import load_profile
+from simulator.profile import profile_from_dict as load_profile_dict
 from traces.synthetic import LengthSpec, TrafficSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,3 +113,17 @@ def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2:
                             lengths={d: LengthSpec(1000, 0.2, 100, 0.2) for d in ("chat", "code", "math")}),
         cluster=ClusterSpec(limits=EngineLimits(4, 10**6)), duration_s=0.3, warmup_s=0.0))
     assert result.summary["output_tokens_per_s"] > 0
+
+
+def test_loop_costs_fold_into_a_v2_profile_and_keep_its_context_tables(measured_v2: Path) -> None:
+    raw = json.loads(measured_v2.read_text())
+    costs = LoopCosts(num_requests=(1, 16), draft_tokens=(1, 8), draft_factor=((2.0, 2.0), (2.0, 2.0)),
+                      extra_per_request_s=(1e-4, 2e-4), extra_per_batch_token_s=0.0, prefill_factor=1.5,
+                      host_fixed_s=0.0, host_per_request_s=0.0, host_per_verified_token_s=0.0, num_steps=0)
+    folded = load_profile_dict(costs.fold(raw))
+    before = load_profile(measured_v2)
+    assert folded.version == 2 and folded.attention is not None and folded.chunk_attention is not None
+    np.testing.assert_array_equal(folded.attention.values, before.attention.values)  # attention is not a loop cost
+    assert folded.draft_s("dspark", 4, 4, 1000.0) == pytest.approx(2 * before.draft_s("dspark", 4, 4, 1000.0))
+    assert folded.per_request_s is not None and folded.verify_s(1, 1) == pytest.approx(before.verify_s(1, 1) + 1e-4)
+    assert folded.prefill_tokens_per_s == pytest.approx(before.prefill_tokens_per_s / 1.5)

@@ -79,11 +79,15 @@ def fixed_prompts(domain: str, num_tokens: int, rng: np.random.Generator) -> lis
     return list(PROMPTS[domain])
 
 
-@pytest.mark.parametrize("policy", [
-    Greedy(),  # synchronous, early stop on a falling SPS curve
-    DSpark(staleness_steps=1, ema_decay=0.8),  # stale capacity + EMA rows that must follow requests across slots
-], ids=["greedy", "dspark1_ema"])
-def test_served_tokens_follow_the_verifier(verifier: Verifier, policy) -> None:
+@pytest.mark.parametrize("policy, prefill, budget", [
+    (Greedy(), "colocated", None),  # synchronous, early stop on a falling SPS curve
+    # stale capacity + EMA rows that must follow requests across slots
+    (DSpark(staleness_steps=1, ema_decay=0.8), "colocated", None),
+    # prompts computed in chunks inside the decode steps, after the verification tokens: what greedy leaves of
+    # the budget splits prompts across steps, so first tokens come from prompts computed piecewise
+    (Greedy(), "chunked", 64),
+], ids=["greedy", "dspark1_ema", "greedy_chunked"])
+def test_served_tokens_follow_the_verifier(verifier: Verifier, policy, prefill: str, budget: int | None) -> None:
     drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
     with torch.no_grad():  # make c_k hinge on W1[x_{k-1}], so the policy's lengths vary with the drafted tokens
         drafter.confidence_head.weight[:, verifier.s.hidden_size:].mul_(100.0)
@@ -91,14 +95,20 @@ def test_served_tokens_follow_the_verifier(verifier: Verifier, policy) -> None:
     n = domains.size
     workload = Workload(arrival_at=np.zeros(n), prompt_tokens=np.array([len(PROMPTS[d]) for d in domains]),
                         output_tokens=np.full(n, 3), domain=domains, source="losslessness")
-    # Colocated prefill and arrivals all at 0: every request is prefilled before the first step, so which
-    # requests share a step - and so the whole random stream - does not depend on wall-clock timing.
-    spec = ServingSpec(policy, gamma=3, traffic=workload, limits=EngineLimits(16, 1_000_000), duration_s=None,
-                       seed=2024, prefill="colocated")
+    # Colocated (or chunked) prefill and arrivals all at 0: which requests share a step - and so the whole random
+    # stream - does not depend on wall-clock timing.
+    spec = ServingSpec(policy, gamma=3, traffic=workload,
+                       limits=EngineLimits(16, 1_000_000, max_num_batched_tokens=budget), duration_s=None,
+                       seed=2024, prefill=prefill)  # type: ignore[arg-type]
     result = serve(spec, ServingModels(verifier, drafter, fixed_prompts, FALLING_COST, "v8"))
 
     steps = result.steps
-    assert steps["num_requests"].max() == 16  # the batch is full, and its members change every few steps:
+    if budget is not None:
+        assert (steps["batch_tokens"] + steps["prefill_tokens"]).max() == budget  # filled, never exceeded
+        split = steps["prefill_tokens"] % 6 != 0  # some step computed part of a 6-token prompt
+        assert split.any() and (steps["prefill_tokens"] > 0).sum() > 100
+    # the batch is full (chunked: nearly, prefill shares the budget), and its members change every few steps:
+    assert steps["num_requests"].max() >= (16 if budget is None else 12)
     assert result.requests["decode_start_at"].nunique() > 100
     assert 0 < steps["num_accepted_tokens"].sum() < steps["num_verified_tokens"].sum()  # accepts and rejections
     lengths_per_request = steps["num_verified_tokens"] / steps["num_requests"]
@@ -131,7 +141,8 @@ def test_tables_have_the_simulators_schema(served) -> None:
     sim = simulate(SimulationSpec(policy=make_policy("greedy"), profile=profile, drafter=DrafterSpec("dspark", 4),
                                   traffic=TrafficSpec(num_users=2), duration_s=0.5))
     assert list(result.requests.columns) == list(sim.requests.columns)
-    assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens"]
+    assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens",
+                                          "prefill_tokens", "num_prefill_requests"]
     assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
 
 
@@ -310,3 +321,31 @@ def test_long_context_validation_stays_near_the_real_loop(tmp_path) -> None:
     for metric in ("throughput", "tpu_mean"):
         err = table[f"{metric}_err"].abs()
         assert (err <= allowed).all(), f"{metric}: errors {err.round(3).tolist()} > {allowed.round(3).tolist()}"
+
+
+def test_chunked_prefill_computes_every_prompt_once_within_the_budget(verifier: Verifier) -> None:
+    """Open loop to completion in chunked mode: prompts computed once, in chunks inside the budget, KV reserved."""
+    drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    rng = np.random.default_rng(4)
+    n = 30
+    workload = Workload(arrival_at=np.sort(rng.uniform(0, 0.1, n)), prompt_tokens=rng.integers(2, 40, n),
+                        output_tokens=rng.integers(1, 20, n), domain=np.array(["chat", "code", "math"] * 10))
+    limits = EngineLimits(5, 250, max_num_batched_tokens=24)
+    spec = ServingSpec(make_policy("greedy"), gamma=4, traffic=workload, limits=limits, duration_s=None, seed=1,
+                       prefill="chunked")
+    result = serve(spec, ServingModels(verifier, drafter, random_prompts(VOCAB), FALLING_COST, "v8"))
+    req, steps = result.requests, result.steps
+    assert req["finished_at"].notna().all()
+    assert [len(result.outputs[i]) for i in range(n)] == req["output_tokens"].tolist()
+    assert req["prompt_tokens"].max() > 24  # some prompts cannot fit one step: they are split
+    assert steps["prefill_tokens"].sum() == req["prompt_tokens"].sum()  # every prompt computed once
+    assert (steps["batch_tokens"] + steps["prefill_tokens"] <= 24).all()
+    assert ((steps["num_requests"] == 0) == (steps["batch_tokens"] == 0)).all()  # chunk-only steps decode nobody
+    assert (req["prefill_start_at"] < req["first_token_at"]).all()  # at least one step between
+    decoded = req[req["output_tokens"] > 1]
+    assert (decoded["decode_start_at"] == decoded["first_token_at"]).all()  # they decode from the next step
+    assert steps["num_emitted_tokens"].sum() == (req["output_tokens"] - 1).sum()
+    for at in steps["start_at"]:  # KV (prompt + output) reserved from admission to the prefill set
+        live = req[(req["prefill_start_at"] <= at) & (req["finished_at"] > at)]
+        assert (live["prompt_tokens"] + live["output_tokens"]).sum() <= 250
+        assert len(live) <= 5

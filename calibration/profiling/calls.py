@@ -50,3 +50,27 @@ def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.
             drafter.propose(anchor, slots, gamma, gen)
         return one_step
     return prepare
+
+
+def chunk_call(model: Verifier, forward: Callable, drafter: Drafter | None, device: torch.device,
+               gen: torch.Generator, chunk_tokens: int, context: int) -> Prepare:
+    """Sets up one prefill chunk: a verifier forward of ``chunk_tokens`` prompt tokens over ``context`` computed ones
+    and, with a ``drafter``, the drafter's context built from the chunk's target features (what a serving loop
+    does with every prefilled token)."""
+    verify = verify_call(model, forward, device, gen, chunk_tokens, [chunk_tokens], context)
+    if drafter is None:
+        return verify
+
+    def prepare() -> Callable[[], object]:
+        run = verify()
+        drafter.new_cache(1, context + chunk_tokens)
+        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
+        assert cache is not None
+
+        def one_chunk() -> None:
+            out = run()
+            drafter.cache, drafter.last_feature = cache, last_feature
+            cache.lengths[:] = context
+            drafter.extend_context([0], drafter.features_of(out), [chunk_tokens])  # type: ignore[arg-type]
+        return one_chunk
+    return prepare

@@ -231,7 +231,8 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
                                                             np.random.default_rng(seed), warmup, repeats)
-    isolated = dict(profile, prefill={"fixed_s": prefill_fixed_s, "tokens_per_s": prefill_tokens_per_s})
+    isolated = dict(profile, prefill={**profile["prefill"], "fixed_s": prefill_fixed_s,
+                                      "tokens_per_s": prefill_tokens_per_s})
     on_point(f"serving-loop costs ({drafter.kind} drafter)")
     costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed,
                                max_lengths=max_lengths)

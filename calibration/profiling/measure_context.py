@@ -10,8 +10,10 @@ the dense verify table at context 0, the points below and turns them into
   dense part. The verifier (:mod:`calibration.models.model`) pads every request's keys
   to the longest context in the batch, so the block says ``key_padding: "longest"``.
 * ``prefill.chunk_attention.per_chunk_s[p][n]``: one request of an ``n``-token chunk over
-  ``p`` computed prompt tokens, minus the dense table at ``n`` batch tokens (so the chunk's
-  causal attention within itself is in the table too).
+  ``p`` computed prompt tokens, with the first drafter's context built from the chunk's
+  target features (the serving loop does both for every prefilled token; the format has no
+  other place for the drafter's share), minus the dense table at ``n`` batch tokens (so the
+  chunk's causal attention within itself is in the table too).
 * ``draft.<kind>`` with a context axis: the drafter step of
   :func:`calibration.profiling.calls.draft_call` at every (context, R, gamma). Every
   included drafter keeps its own KV cache of the context (the target's features injected
@@ -33,7 +35,7 @@ import torch
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.calls import chunk_call, draft_call, verify_call
 from calibration.profiling.timing import Prepare
 from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, Version2Blocks
 
@@ -77,9 +79,10 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     for c in axes.contexts:
         for q in axes.queries:
             points.append((f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, c)))
+    first = next(iter(drafters.values()), None)
     for p in axes.chunk_contexts:
         for n in axes.chunks:
-            points.append((f"chunk P={p} n={n}", verify_call(model, forward, device, gen, n, [n], p)))
+            points.append((f"chunk P={p} n={n}", chunk_call(model, forward, first, device, gen, n, p)))
     for kind, drafter in drafters.items():
         for c in axes.contexts:
             for r in num_requests:
@@ -117,7 +120,8 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
                                  f"{a}; the verifier pads keys to the longest context in a batch (key_padding "
                                  "longest)"),
-        "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens) - the verify "
+        "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens, with the "
+                                       f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - the verify "
                                        "table at n batch tokens"),
         "draft_definition": ("drafter step (one committed token, then propose) of R requests at context C; each "
                              "drafter reads its own KV cache of the context (injected target features), none the "

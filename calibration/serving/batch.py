@@ -35,7 +35,7 @@ import torch
 
 from calibration.models.drafters import Drafter, softmax_t
 from calibration.models.model import KVCache, Verifier
-from calibration.serving.specdec import ContextCost, SpeculativeDecoder, StepRecord
+from calibration.serving.specdec import ChunkFill, ContextCost, PrefillChunk, SpeculativeDecoder, StepRecord
 from policies.base import Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.lossless.sampler import sample_token
@@ -118,7 +118,8 @@ class LiveBatch:
     """Up to ``max_requests`` requests decoded together; request ids ride along with their slots."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource | ContextCost,
-                 gamma: int, max_requests: int, max_tokens_per_request: int, temperature: float = 1.0) -> None:
+                 gamma: int, max_requests: int, max_tokens_per_request: int, temperature: float = 1.0,
+                 prefill_slots: int = 0, token_budget: int | None = None) -> None:
         if max_requests < 1 or max_tokens_per_request < 2:
             raise ValueError(f"max_requests must be >= 1 and max_tokens_per_request >= 2, got {max_requests}, "
                              f"{max_tokens_per_request}")
@@ -133,8 +134,11 @@ class LiveBatch:
             _Timed(policy, self.watches["sched"], ["decide"]), cost, gamma, temperature)
         # SpeculativeDecoder.start would size the caches for one fixed batch; a live batch
         # owns them instead (see docs/validation.md, "what the serving loop needs from specdec").
-        self.decoder.cache = verifier.new_cache(max_requests, self.max_tokens)
-        drafter.new_cache(max_requests, self.max_tokens)
+        # Slots max_requests.. hold prompts being prefilled in chunks (co-located prefill), until they join.
+        self.decoder.cache = verifier.new_cache(max_requests + prefill_slots, self.max_tokens)
+        drafter.new_cache(max_requests + prefill_slots, self.max_tokens)
+        self.decoder.token_budget = token_budget
+        self.free_prefill_slots = list(range(max_requests, max_requests + prefill_slots))
         self.device = verifier.embed.weight.device
         self.decoder.anchors = torch.empty(0, dtype=torch.long, device=self.device)
         self.decoder.outputs = []
@@ -194,17 +198,53 @@ class LiveBatch:
         self.request_ids.append(request_id)
         return slot
 
-    def step(self, rng: np.random.Generator, generator: torch.Generator) -> tuple[StepRecord, StepTiming]:
-        """One speculative step of every request in the batch (SpeculativeDecoder.step), timed."""
+    def step(self, rng: np.random.Generator, generator: torch.Generator,
+             fill: ChunkFill | None = None) -> tuple[StepRecord, StepTiming]:
+        """One speculative step of every request in the batch (SpeculativeDecoder.step), timed; ``fill`` adds prefill
+        chunks to its verifier forward."""
         if not self.request_ids:
             raise RuntimeError("step on an empty batch")
         for watch in self.watches.values():
             watch.take()
         start = time.perf_counter()
-        record = self.decoder.step(rng, generator)
-        total_s = time.perf_counter() - start
+        record = self.decoder.step(rng, generator, fill=fill)
+        return record, self._timing(time.perf_counter() - start)
+
+    def _timing(self, total_s: float) -> StepTiming:
         parts = {name: watch.take() for name, watch in self.watches.items()}
-        return record, StepTiming(total_s, parts["draft"], parts["sched"], parts["verify"])
+        return StepTiming(total_s, parts["draft"], parts["sched"], parts["verify"])
+
+    # ------------------------------------------------------------ co-located chunked prefill
+
+    def open_prefill(self) -> int:
+        """A free prefill slot for a prompt to be computed in chunks (its caches emptied)."""
+        if not self.free_prefill_slots:
+            raise RuntimeError("no free prefill slot")
+        slot = self.free_prefill_slots.pop(0)
+        self.decoder.cache.lengths[slot] = 0
+        self.drafter.cache.lengths[slot] = 0  # type: ignore[union-attr]
+        return slot
+
+    def chunk_step(self, chunks: Sequence[PrefillChunk], rng: np.random.Generator) -> tuple[tuple, StepTiming]:
+        """A step of prefill chunks alone (nobody decoding), timed: the first tokens of completed prompts."""
+        for watch in self.watches.values():
+            watch.take()
+        start = time.perf_counter()
+        firsts = self.decoder.prefill_chunks(chunks, rng)
+        return firsts, self._timing(time.perf_counter() - start)
+
+    @torch.inference_mode()
+    def close_prefill(self, slot: int, first_token: int) -> Prefilled:
+        """The prompt computed in prefill slot ``slot`` as a :class:`Prefilled` request (ready to :meth:`join`); the
+        slot is freed."""
+        n = int(self.decoder.cache.lengths[slot])
+        drafter_cache = self.drafter.cache
+        assert drafter_cache is not None and self.drafter.last_feature is not None
+        staged = Prefilled(n, first_token, self.decoder.cache.k[:, slot, :, :n].clone(),
+                           self.decoder.cache.v[:, slot, :, :n].clone(), drafter_cache.k[:, slot, :, :n].clone(),
+                           drafter_cache.v[:, slot, :, :n].clone(), self.drafter.last_feature[slot].clone())
+        self.free_prefill_slots.append(slot)
+        return staged
 
     @torch.inference_mode()
     def leave(self, slots: Sequence[int]) -> None:

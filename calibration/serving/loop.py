@@ -23,6 +23,11 @@ with one engine, the simulator's engine model made real:
   wall time is cut out of the decode clock: the decode clock is the wall clock
   of the decode device. With ``prefill="colocated"`` nothing is cut: prefill
   blocks decoding, as on a single-device server (the simulator does not model that).
+  With ``prefill="chunked"`` (the simulator's chunked mode, under
+  ``limits.max_num_batched_tokens``) requests wait unprefilled and their prompts
+  are computed in chunks inside the decode steps' verifier forward, after the
+  verification tokens (:mod:`calibration.serving.chunked`); the policy sees the
+  budget and never exceeds it.
 * **Clock**: ``time.perf_counter`` seconds since the start (less the prefill
   time in disaggregated mode). Open-loop arrivals are waited for in real time.
 
@@ -30,8 +35,9 @@ The result has the simulator's tables: ``requests`` with the columns of
 :class:`simulator.requests.RequestStore` (``difficulty`` is NaN: real requests
 have none), the metrics of :func:`simulator.metrics.add_request_metrics` and
 ``in_window`` (the requests that arrived before the end, as the simulator's);
-``steps`` with :data:`simulator.engine.StepLog.COLUMNS` plus ``host_s`` (step
-time outside drafter, policy and verifier forward); the summary comes from
+``steps`` with :data:`calibration.serving.spec.STEP_COLUMNS`: the simulator's
+``StepLog.COLUMNS`` plus ``host_s`` (step time outside drafter, policy and
+verifier forward), the step's contexts and its prefill chunks; the summary comes from
 :func:`simulator.metrics.summarize` over the same window as the simulator's.
 """
 
@@ -40,92 +46,30 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
 
-from calibration.models.drafters import Drafter
-from calibration.models.model import Verifier
 from calibration.serving.batch import LiveBatch, Prefilled
-from calibration.serving.specdec import ContextCost
-from policies.base import Policy
-from policies.driver import CostSource
+from calibration.serving.chunked import ChunkedPrefill, Prefilling
+from calibration.serving.spec import (
+    STEP_COLUMNS,
+    PrefillMode,
+    PromptSource,
+    ServingModels,
+    ServingResults,
+    ServingSpec,
+    random_prompts,
+)
 from simulator.engine import StepLog
 from simulator.metrics import add_request_metrics, requests_in_run, summarize
 from simulator.requests import RequestStore
-from simulator.specs import EngineLimits
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
 from traces.workload import DOMAINS, Workload
 
-PrefillMode = Literal["disaggregated", "colocated"]
-PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, tokens, rng) -> token ids
-# The simulator's step columns, host time, and the contexts the step attended over: the sum over the batch of
-# the KV tokens each request held before the step (the simulator's context_tokens) and the longest of them (the
-# verifier pads every request's keys to it).
-STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens")
-
-
-@dataclass(frozen=True)
-class ServingModels:
-    """What the loop serves: the verifier, the drafter, prompts per domain, and the policy's step-cost curves."""
-
-    verifier: Verifier
-    drafter: Drafter
-    prompts: PromptSource
-    cost: CostSource | ContextCost  # what the policy prices a step with, e.g. HardwareProfile.cost_curve
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class ServingSpec:
-    """One real run; the fields mean what the same fields of :class:`simulator.SimulationSpec` mean."""
-
-    policy: Policy
-    gamma: int
-    traffic: TrafficSpec | Workload = field(default_factory=TrafficSpec)
-    limits: EngineLimits = field(default_factory=EngineLimits)
-    duration_s: float | None = 10.0
-    warmup_s: float = 0.0
-    seed: int = 0
-    prefill: PrefillMode = "disaggregated"
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.prefill not in ("disaggregated", "colocated"):
-            raise ValueError(f"prefill must be 'disaggregated' or 'colocated', got {self.prefill!r}")
-        if self.policy.needs_outcomes:
-            raise ValueError(f"policy {self.policy.name!r} reads true outcomes; a real loop cannot run it")
-        if self.gamma < 1 or self.policy.draft_tokens(self.gamma) > self.gamma:
-            raise ValueError(f"policy {self.policy.name} drafts {self.policy.draft_tokens(self.gamma)} tokens "
-                             f"but gamma is {self.gamma}")
-        closed = isinstance(self.traffic, TrafficSpec) and self.traffic.arrival == "closed"
-        if self.duration_s is None and closed:
-            raise ValueError("closed-loop traffic never ends: set duration_s")
-        if self.duration_s is not None and not 0 <= self.warmup_s < self.duration_s:
-            raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
-
-
-@dataclass(frozen=True)
-class ServingResults:
-    """Tables of one real run plus its summary (the simulator's schema, wall-clock seconds)."""
-
-    spec: ServingSpec
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    summary: dict[str, Any]
-    outputs: dict[int, list[int]]  # request id -> its output tokens (finished requests)
-
-
-def random_prompts(vocab_size: int) -> PromptSource:
-    """Prompts of uniformly random token ids (for models with random weights)."""
-    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
-        return rng.integers(0, vocab_size, size=num_tokens).tolist()
-    return draw
-
+__all__ = ["STEP_COLUMNS", "PrefillMode", "PromptSource", "ServingModels", "ServingResults", "ServingSpec",
+           "random_prompts", "serve"]
 
 class _Clock:
     """Seconds of the decode device: wall clock since creation, less the time booked to the prefill instance."""
@@ -181,8 +125,11 @@ class _Server:
         if need > spec.limits.kv_capacity_tokens:
             raise ValueError(f"a request may need {need} KV tokens but the engine holds only "
                              f"{spec.limits.kv_capacity_tokens} (limits.kv_capacity_tokens)")
+        budget = spec.limits.max_num_batched_tokens
+        self.chunked = ChunkedPrefill(budget) if spec.prefill == "chunked" and budget is not None else None
         self.batch = LiveBatch(models.verifier, models.drafter, spec.policy, models.cost, spec.gamma,
-                               spec.limits.max_concurrency, need, spec.temperature)
+                               spec.limits.max_concurrency, need, spec.temperature,
+                               prefill_slots=spec.limits.max_concurrency if self.chunked else 0, token_budget=budget)
         self.staged: deque[tuple[int, Prefilled]] = deque()  # prefilled, in prefill-completion order
         self.prefill_free_at = 0.0
         self.kv_used_tokens = 0
@@ -247,11 +194,68 @@ class _Server:
                 break
             self.staged.popleft()
             self.kv_used_tokens += need
-            self.batch.join(rid, staged)
-            store.decode_start_at[rid] = now
-            store.engine[rid] = 0
-            self.remaining[rid] = int(store.output_tokens[rid]) - 1
-            self.counters[rid] = np.zeros(3, dtype=np.int64)
+            self._join(rid, staged, now)
+
+    def _join(self, rid: int, staged: Prefilled, at: float) -> None:
+        self.batch.join(rid, staged)
+        self.store.decode_start_at[rid] = at
+        self.store.engine[rid] = 0
+        self.remaining[rid] = int(self.store.output_tokens[rid]) - 1
+        self.counters[rid] = np.zeros(3, dtype=np.int64)
+
+    # ------------------------------------------------------------ co-located chunked prefill
+
+    def _admit_prefill(self, rid: int) -> Prefilling | None:
+        """The head of the queue joins the prefill set if concurrency and KV allow (chunked mode)."""
+        store, limits, chunked = self.store, self.spec.limits, self.chunked
+        assert chunked is not None
+        need = int(store.prompt_tokens[rid] + store.output_tokens[rid])
+        if (self.batch.num_requests + len(chunked.active) >= limits.max_concurrency
+                or self.kv_used_tokens + need > limits.kv_capacity_tokens):
+            return None
+        self.kv_used_tokens += need
+        store.engine[rid] = 0
+        domain = DOMAINS[int(store.domain_idx[rid])]
+        prompt = self.models.prompts(domain, int(store.prompt_tokens[rid]), self.rng_prompts)
+        return Prefilling(rid, self.batch.open_prefill(), prompt)
+
+    def _fill(self, decode_tokens: int) -> list:
+        assert self.chunked is not None
+        return self.chunked.plan(decode_tokens, self._admit_prefill)
+
+    def _advance_prefill(self, first_tokens: tuple, start_at: float, end_at: float) -> tuple[int, int]:
+        """Book the step's chunks: prefill starts, completed prompts (first token at the step's end; they decode
+        from the next step). Returns the step's (prefill tokens, prefilling requests)."""
+        chunked, store = self.chunked, self.store
+        if chunked is None:
+            return 0, 0
+        store.prefill_start_at[chunked.started()] = start_at
+        planned = chunked.planned()
+        for entry, first in chunked.advance(first_tokens):
+            rid = entry.request_id
+            store.first_token_at[rid] = end_at
+            staged = self.batch.close_prefill(entry.slot, first)
+            if store.output_tokens[rid] == 1:
+                self.outputs[rid] = [first]
+                self.kv_used_tokens -= int(store.prompt_tokens[rid] + store.output_tokens[rid])
+                self._finish(np.array([rid]), end_at)
+            else:
+                self._join(rid, staged, end_at)
+        return planned
+
+    def _chunk_step(self) -> None:
+        """A step of prefill chunks alone (nobody is decoding)."""
+        assert self.chunked is not None
+        start_at = self.clock.now()
+        chunks = self.chunked.plan(0, self._admit_prefill)
+        if not chunks:
+            raise RuntimeError("requests wait to be prefilled but no chunk fits: check the token budget")
+        firsts, timing = self.batch.chunk_step(chunks, self.rng_accept)
+        end_at = self.clock.now()
+        prefill_tokens, num_prefilling = self._advance_prefill(firsts, start_at, end_at)
+        host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
+        self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
+                          host_s, 0, 0, prefill_tokens, num_prefilling)
 
     def _finish(self, ids: np.ndarray, at: float) -> None:
         store = self.store
@@ -270,7 +274,7 @@ class _Server:
         ids = np.array(batch.request_ids, dtype=np.int64)
         contexts = batch.context_tokens()  # [R] KV tokens before the step
         start_at = clock.now()
-        record, timing = batch.step(self.rng_accept, self.generator)
+        record, timing = batch.step(self.rng_accept, self.generator, self._fill if self.chunked else None)
         lengths, accepted = record.lengths, record.accepted  # accepted is among the verified ones
         remaining = np.array([self.remaining[r] for r in ids])
         emitted = np.minimum(accepted + 1, remaining)
@@ -290,6 +294,7 @@ class _Server:
         if done_slots:
             batch.leave(done_slots)
         end_at = clock.now()
+        prefill_tokens, num_prefilling = self._advance_prefill(record.first_tokens, start_at, end_at)
         if end_at > self.spec.warmup_s:
             g = self.verified_length_counts.size - 1
             self.verified_length_counts += np.bincount(lengths, minlength=g + 1)
@@ -297,7 +302,8 @@ class _Server:
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, ids.size, int(ids.size + lengths.sum()), int(lengths.sum()),
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
-                          timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()))
+                          timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()),
+                          prefill_tokens, num_prefilling)
         if finished.size:
             self._finish(finished, end_at)
 
@@ -324,11 +330,17 @@ class _Server:
             if self.num_expected is not None and self.num_finished >= self.num_expected:
                 return now if until is None else float(until)
             for rid in self._arrivals(now):
-                self._prefill(rid)
+                if self.chunked is not None:
+                    self.chunked.waiting.append(rid)
+                else:
+                    self._prefill(rid)
             now = clock.now()
             self._admit(now)
             if self.batch.num_requests:
                 self._step()
+                continue
+            if self.chunked is not None and not self.chunked.idle:
+                self._chunk_step()
                 continue
             wake_at = self._next_event_at()
             if wake_at is None:  # open loop, nothing left to arrive and nothing in flight

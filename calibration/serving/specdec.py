@@ -27,10 +27,24 @@ import numpy as np
 import torch
 
 from calibration.models.drafters import Drafter, softmax_t
-from calibration.models.model import Verifier
+from calibration.models.model import Verifier, VerifierOutput
 from policies.base import CostCurve, Decision, Policy
 from policies.driver import CostSource, PolicyMemory, check_decision, cost_for
-from policies.lossless.sampler import verify_block
+from policies.lossless.sampler import sample_token, verify_block
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt tokens computed in a step after the decoding requests' tokens (co-located chunked prefill): ``tokens``
+    go to cache slot ``slot`` after what it holds; ``last``: they complete the prompt, so the step samples the
+    request's first output token from the last row."""
+
+    slot: int
+    tokens: tuple[int, ...]
+    last: bool
+
+
+ChunkFill = Callable[[int], Sequence[PrefillChunk]]  # decode tokens of the step -> the chunks that fill the budget
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,7 @@ class StepRecord:
     confidence: np.ndarray | None = None  # [R, g] confidence head output c_k; None without a head
     draft_prob: np.ndarray | None = None  # [R, g] q_k(x_k), the drafter's probability of its own token
     analytic_acceptance: np.ndarray | None = None  # [R, g] sum_v min(p, q_k) = 1 - TV; NaN where not verified
+    first_tokens: tuple[int | None, ...] = ()  # per prefill chunk: the first output token when the chunk completes
 
 
 def _as_numpy_rows(probs: torch.Tensor) -> np.ndarray:
@@ -98,6 +113,7 @@ class SpeculativeDecoder:
         self.memory = PolicyMemory()
         self.outputs: list[list[int]] = []
         self.anchors: torch.Tensor | None = None
+        self.token_budget: int | None = None  # the most batch tokens a step holds (the policy sees it), or none
 
     @property
     def num_requests(self) -> int:
@@ -129,7 +145,7 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def step(self, rng: np.random.Generator, generator: torch.Generator,
-             max_kept_tokens: int | None = None) -> StepRecord:
+             max_kept_tokens: int | None = None, fill: ChunkFill | None = None) -> StepRecord:
         """One engine step of every request.
 
         ``max_kept_tokens``: keep only the first n of each request's emitted tokens
@@ -137,6 +153,12 @@ class SpeculativeDecoder:
         prefix of a speculative step's output is distributed as the target's, so this
         stays lossless; with n = 1 every output position gets a verified block of its
         own (what an acceptance log replayed in order needs).
+
+        ``fill``: called with the step's decode tokens once the policy has decided, returns prefill chunks computed
+        in the same step (co-located chunked prefill), in a second verifier forward right after the decoding
+        requests' (see :meth:`prefill_chunks`): the verifier pads every request's queries and keys to the longest in
+        a forward, so a 512-token chunk in the decoding forward would pad every decoding request to 512 query rows
+        over the longest context - a cost no serving kernel has. The split costs one forward's fixed part instead.
         """
         if self.anchors is None:
             raise RuntimeError("call start(prompts, max_new_tokens) first")
@@ -145,27 +167,17 @@ class SpeculativeDecoder:
         num_requests, device = self.num_requests, self.anchors.device
         slots = torch.arange(num_requests)
         num_draft = self.policy.draft_tokens(self.gamma)
-        if num_draft > 0:
-            draft = self.drafter.propose(self.anchors, slots, num_draft, generator, self.temperature)
-            draft_tokens = draft.tokens.cpu().numpy()  # [R, g]
-            q_rows = _as_numpy_rows(draft.probs)  # [R, g, V]
-            confidence = (np.ones((num_requests, num_draft)) if draft.confidence is None
-                          else draft.confidence.double().cpu().numpy())
-        else:
-            draft_tokens = np.zeros((num_requests, 0), dtype=np.int64)
-            q_rows, confidence = None, np.zeros((num_requests, 0))
+        draft, draft_tokens, q_rows, confidence = self._draft(slots, num_draft, generator)
         ids = tuple(range(num_requests))
-        if isinstance(self.cost, ContextCost):
-            curve = self.cost.curve(num_requests, self.cache.lengths[:num_requests].numpy().copy())
-        else:
-            curve = cost_for(self.cost, num_requests)
-        decision = self.policy.decide(self.memory.view(ids, confidence, curve))
-        lengths = check_decision(self.policy, decision, num_requests, num_draft)
+        decision = self.policy.decide(self.memory.view(ids, confidence, self._curve(num_requests),
+                                                       token_budget=self.token_budget))
+        lengths = check_decision(self.policy, decision, num_requests, num_draft, self.token_budget)
 
         anchors = self.anchors.cpu().numpy()
         flat = np.concatenate([np.concatenate(([anchors[r]], draft_tokens[r, :lengths[r]])) for r in ids])
         query_lens = (1 + lengths).tolist()
-        out = self.verifier(torch.as_tensor(flat, device=device), self.cache.batch(slots, query_lens), self.cache)
+        chunks = list(fill(int(sum(query_lens)))) if fill is not None else []
+        out = self._forward(slots.tolist(), query_lens, flat, ())
         p_rows = _as_numpy_rows(softmax_t(out.logits, self.temperature))  # [T, V]
 
         starts = np.cumsum([0, *query_lens[:-1]])
@@ -187,10 +199,62 @@ class SpeculativeDecoder:
         self.drafter.extend_context(slots, self.drafter.features_of(out)[keep_rows], kept)
         self.anchors = torch.tensor([e[-1] for e in emitted], device=device)
         self.memory = self.memory.after(self.policy, ids, decision)
+        first_tokens = self.prefill_chunks(chunks, rng) if chunks else ()
         draft_prob = (np.take_along_axis(q_rows, draft_tokens[..., None], axis=-1)[..., 0] if q_rows is not None
                       else np.zeros((num_requests, 0)))
         head = None if num_draft > 0 and draft.confidence is None else confidence
-        return StepRecord(decision, lengths, accepted, tuple(emitted), head, draft_prob, analytic)
+        return StepRecord(decision, lengths, accepted, tuple(emitted), head, draft_prob, analytic, first_tokens)
+
+    def _draft(self, slots: torch.Tensor, num_draft: int, generator: torch.Generator) -> tuple:
+        """(draft output, tokens [R, g], proposal rows [R, g, V] or None, confidences [R, g])."""
+        num_requests = slots.numel()
+        if num_draft == 0:
+            return None, np.zeros((num_requests, 0), dtype=np.int64), None, np.zeros((num_requests, 0))
+        draft = self.drafter.propose(self.anchors, slots, num_draft, generator, self.temperature)
+        confidence = (np.ones((num_requests, num_draft)) if draft.confidence is None
+                      else draft.confidence.double().cpu().numpy())
+        return draft, draft.tokens.cpu().numpy(), _as_numpy_rows(draft.probs), confidence
+
+    def _curve(self, num_requests: int) -> CostCurve:
+        if isinstance(self.cost, ContextCost):
+            return self.cost.curve(num_requests, self.cache.lengths[:num_requests].numpy().copy())
+        return cost_for(self.cost, num_requests)
+
+    def _forward(self, slots: list[int], query_lens: list[int], tokens: np.ndarray,
+                 chunks: Sequence[PrefillChunk]) -> VerifierOutput:
+        """One flattened verifier forward: the decoding requests' tokens, then every chunk's."""
+        device = self.verifier.embed.weight.device
+        all_slots = slots + [c.slot for c in chunks]
+        lens = query_lens + [len(c.tokens) for c in chunks]
+        flat = np.concatenate([np.asarray(tokens, dtype=np.int64), *(np.asarray(c.tokens, dtype=np.int64)
+                                                                     for c in chunks)])
+        return self.verifier(torch.as_tensor(flat, device=device), self.cache.batch(all_slots, lens), self.cache)
+
+    def _commit_chunks(self, out: VerifierOutput, offset: int, chunks: Sequence[PrefillChunk],
+                       rng: np.random.Generator) -> tuple[int | None, ...]:
+        """Keep the chunks' KV (verifier and drafter) and sample the first token of each completed prompt."""
+        firsts: list[int | None] = []
+        features = self.drafter.features_of(out)
+        for chunk in chunks:
+            n = len(chunk.tokens)
+            self.cache.commit([chunk.slot], [n])
+            self.drafter.extend_context([chunk.slot], features[offset:offset + n], [n])
+            first = None
+            if chunk.last:
+                probs = softmax_t(out.logits[offset + n - 1], self.temperature).double().cpu().numpy()
+                first = sample_token(probs / probs.sum(), rng)
+            firsts.append(first)
+            offset += n
+        return tuple(firsts)
+
+    @torch.inference_mode()
+    def prefill_chunks(self, chunks: Sequence[PrefillChunk], rng: np.random.Generator) -> tuple[int | None, ...]:
+        """A step of prefill chunks only (no request decoding): one forward over them; the first tokens of the
+        prompts they complete (None for the others)."""
+        if not chunks:
+            raise ValueError("prefill_chunks needs at least one chunk")
+        out = self._forward([], [], np.zeros(0, dtype=np.int64), chunks)
+        return self._commit_chunks(out, 0, chunks, rng)
 
     def generate(self, prompts: Sequence[Sequence[int]], num_tokens: int, rng: np.random.Generator,
                  generator: torch.Generator) -> list[list[int]]:

@@ -73,6 +73,7 @@ class ValidationConfig:
     nice: int | None = None  # scheduling priority while measuring (negative: ahead of other jobs; needs root)
     profile_version: int = 1  # 2: attention over context (measure_context) instead of per-request KV reads
     prompt_limit_tokens: int | None = None  # longest prompt (lengths above are truncated); None: 4 x prompt_tokens
+    token_budget: int | None = None  # max_num_batched_tokens of a step (sim and real); chunked prefill needs one
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
@@ -91,6 +92,11 @@ class ValidationConfig:
             make_policy(name)  # fails early, naming the valid policies
         if self.profile_version not in (1, 2):
             raise ValueError(f"profile_version must be 1 or 2, got {self.profile_version}")
+        if self.prefill == "chunked" and (self.token_budget is None or self.profile_version != 2):
+            raise ValueError("prefill=chunked needs token_budget and profile_version 2 (chunk attention)")
+        if self.token_budget is not None and self.token_budget < max(self.users):
+            raise ValueError(f"token_budget ({self.token_budget}) must leave each of max(users) = {max(self.users)} "
+                             "decoding requests its one token per step")
         if self.prompt_limit_tokens is not None and self.prompt_limit_tokens < self.prompt_tokens:
             raise ValueError(f"prompt_limit_tokens ({self.prompt_limit_tokens}) must be >= prompt_tokens "
                              f"({self.prompt_tokens})")
@@ -122,7 +128,8 @@ class ValidationConfig:
 
     def limits(self) -> EngineLimits:
         return EngineLimits(max_concurrency=max(self.users),
-                            kv_capacity_tokens=max(self.users) * (self.max_prompt_tokens + self.max_output_tokens))
+                            kv_capacity_tokens=max(self.users) * (self.max_prompt_tokens + self.max_output_tokens),
+                            max_num_batched_tokens=self.token_budget)
 
 
 @dataclass(frozen=True)
@@ -161,16 +168,23 @@ def profile_config(cfg: ValidationConfig) -> ProfileConfig:
     """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users; contexts 0 and typical
     (version 1), or a context axis from 0 to the longest prompt + output (version 2)."""
     max_users = max(cfg.users)
-    max_batch = max_users * (1 + cfg.gamma)
+    max_batch = max(max_users * (1 + cfg.gamma), cfg.token_budget or 0)
     requests = sorted({r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_users} | {max_users})
     contexts: tuple[int, ...] = (0, cfg.context_tokens)
     axes = None
     if cfg.profile_version == 2:
         contexts = validation_contexts(cfg.max_prompt_tokens + cfg.max_output_tokens)
-        axes = ContextAxes(contexts, tuple(range(1, cfg.gamma + 2)), (), (), attention_requests=4)
+        chunks: tuple[int, ...] = ()
+        if cfg.prefill == "chunked" and cfg.token_budget is not None:  # chunk sizes up to the budget
+            chunks = tuple(sorted({1, *(c for c in (8, 16, 32, 64, 128, 256, 512, 1024) if c < cfg.token_budget),
+                                   cfg.token_budget}))
+        # chunk contexts over the whole axis: the simulator's start check asks for every context a request reaches
+        axes = ContextAxes(contexts, tuple(range(1, cfg.gamma + 2)), chunks, contexts if chunks else (),
+                           attention_requests=4)
     return ProfileConfig(
         preset="tiny", drafters=(cfg.drafter,), device="cpu", dtype="float32",
-        batch_tokens=tuple(batch_grid(max_batch, "quick")), num_requests=tuple(requests),
+        batch_tokens=tuple(sorted(set(batch_grid(max_batch, "quick")) | set(axes.chunks if axes else ()))),
+        num_requests=tuple(requests),
         draft_tokens=tuple(sorted({1, 2, 4, cfg.gamma})), context_tokens=contexts, query_tokens=1 + cfg.gamma,
         prefill_tokens=(max(2, cfg.prompt_tokens // 2), 2 * cfg.prompt_tokens), warmup=2,
         repeats=cfg.profile_repeats, seed=cfg.seed, compile=False, host_overhead=False, interleave=True,

@@ -76,6 +76,7 @@ from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import read_log, write_log
+from simulator.cluster import Cluster
 from simulator.profile import HardwareProfile
 
 # --long-context: prompts of 1-4k tokens (lognormal around 2048, truncated at 4096), the tiny models' short outputs,
@@ -111,7 +112,12 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
     points = [(name, users) for name in cfg.policies for users in cfg.users]
     with tempfile.TemporaryDirectory(prefix="specsched-validate-") as tmp:
         logs, log_paths = _logs(cfg, models, Path(tmp), progress)
-        profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress)
+        def check(first: HardwareProfile) -> None:  # the simulator's start checks, before any real run
+            first_setups = {g: simulator_setup(cfg, first, path, g, first) for g, path in log_paths.items()}
+            for point in points:
+                Cluster(_simulation_spec(cfg, point, first_setups, 0))
+        profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress,
+                                                                        check)
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims = [], {}
         for point in points:
@@ -146,7 +152,8 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 
 
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
-             progress: Callable[[str], None]) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
+             progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None
+             ) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
     every point. Returns the element-wise median of the rounds' profiles, the first pass (what the real loop's policies
     price with), the reference probe's mean during profiling, the real slices of each point and the probe timed
@@ -169,6 +176,8 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             before_s = reference()
             passes.append(measure_profile(cfg, models))
             profile_refs.append(0.5 * (before_s + reference()))
+            if round_idx == 0:
+                check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
         shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
         for name, users in points[shift:] + points[:shift]:
             progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
@@ -202,6 +211,12 @@ def _pooled(slices: list[Any]) -> dict[str, Any]:
 
 def _simulate(cfg: ValidationConfig, point: tuple[str, int],
               setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int):
+    return simulate(_simulation_spec(cfg, point, setups, round_idx))
+
+
+def _simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
+                     setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]],
+                     round_idx: int) -> SimulationSpec:
     """The simulator's run of one slice of a (policy, users) point, with the acceptance log of the block size it
     drafts and the real loop's pricing profile. Slice k has the real slice's length and seed (seed + k), hence
     the same sequence of request domains and lengths."""
@@ -209,11 +224,11 @@ def _simulate(cfg: ValidationConfig, point: tuple[str, int],
     policy = make_policy(name)
     num_draft = max(policy.draft_tokens(cfg.gamma), 1)
     sim_profile, drafter_spec, pricing = setups[num_draft] if num_draft in setups else setups[max(setups)]
-    return simulate(SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec,
-                                   cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1,
-                                                       limits=cfg.limits()),
-                                   traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s,
-                                   warmup_s=cfg.warmup_s, seed=cfg.seed + round_idx, policy_profile=pricing))
+    cluster = ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits(),
+                          mode="chunked" if cfg.prefill == "chunked" else "disaggregated")
+    return SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec, cluster=cluster,
+                          traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s,
+                          seed=cfg.seed + round_idx, policy_profile=pricing)
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
@@ -307,7 +322,12 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="contexts of 1-4k tokens: " + ", ".join(f"--{k.replace('_', '-')} {v}"
                                                                   for k, v in LONG_CONTEXT.items())
                         + " (options given explicitly win)")
-    p.add_argument("--prefill", default=d.prefill, choices=["disaggregated", "colocated"])
+    p.add_argument("--prefill", default=d.prefill, choices=["disaggregated", "colocated", "chunked"],
+                   help="disaggregated (a prefill instance, the simulator's default), colocated (prefill blocks "
+                        "decoding; no simulator counterpart) or chunked (co-located chunks under --token-budget, "
+                        "the simulator's chunked mode; needs --profile-version 2)")
+    p.add_argument("--token-budget", type=int, default=d.token_budget,
+                   help="max_num_batched_tokens of a step, in the simulator and the real loop")
     p.add_argument("--log", default=None, help="acceptance log to fit (default: record one here)")
     p.add_argument("--log-requests", type=int, default=d.log_requests, help="requests per domain when recording a log")
     p.add_argument("--acceptance", default=d.acceptance, choices=["replay", "fitted"])

@@ -1,0 +1,94 @@
+"""What a real serving run is given and gives back: its spec, the served models, the results' schema.
+
+:func:`calibration.serving.loop.serve` takes a :class:`ServingSpec` (the fields mean what
+the same fields of :class:`simulator.SimulationSpec` mean) and :class:`ServingModels`,
+and returns :class:`ServingResults` whose tables have the simulator's schema plus the
+loop's own step columns (:data:`STEP_COLUMNS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.serving.specdec import ContextCost
+from policies.base import Policy
+from policies.driver import CostSource
+from simulator.engine import StepLog
+from simulator.specs import EngineLimits
+from traces.synthetic import TrafficSpec
+from traces.workload import Workload
+
+PrefillMode = Literal["disaggregated", "colocated", "chunked"]
+PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, tokens, rng) -> token ids
+# The simulator's step columns, host time, the contexts the step attended over (the sum over the batch of the KV
+# tokens each request held before the step - the simulator's context_tokens - and the longest of them, to which the
+# verifier pads every request's keys) and the step's prefill chunks (chunked mode; the simulator's names).
+STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens", "prefill_tokens",
+                "num_prefill_requests")
+
+
+@dataclass(frozen=True)
+class ServingModels:
+    """What the loop serves: the verifier, the drafter, prompts per domain, and the policy's step-cost curves."""
+
+    verifier: Verifier
+    drafter: Drafter
+    prompts: PromptSource
+    cost: CostSource | ContextCost  # what the policy prices a step with, e.g. HardwareProfile.cost_curve
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """One real run; the fields mean what the same fields of :class:`simulator.SimulationSpec` mean."""
+
+    policy: Policy
+    gamma: int
+    traffic: TrafficSpec | Workload = field(default_factory=TrafficSpec)
+    limits: EngineLimits = field(default_factory=EngineLimits)
+    duration_s: float | None = 10.0
+    warmup_s: float = 0.0
+    seed: int = 0
+    prefill: PrefillMode = "disaggregated"
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.prefill not in ("disaggregated", "colocated", "chunked"):
+            raise ValueError(f"prefill must be 'disaggregated', 'colocated' or 'chunked', got {self.prefill!r}")
+        if self.prefill == "chunked" and self.limits.max_num_batched_tokens is None:
+            raise ValueError("prefill='chunked' needs a token budget (limits.max_num_batched_tokens)")
+        if self.policy.needs_outcomes:
+            raise ValueError(f"policy {self.policy.name!r} reads true outcomes; a real loop cannot run it")
+        if self.gamma < 1 or self.policy.draft_tokens(self.gamma) > self.gamma:
+            raise ValueError(f"policy {self.policy.name} drafts {self.policy.draft_tokens(self.gamma)} tokens "
+                             f"but gamma is {self.gamma}")
+        closed = isinstance(self.traffic, TrafficSpec) and self.traffic.arrival == "closed"
+        if self.duration_s is None and closed:
+            raise ValueError("closed-loop traffic never ends: set duration_s")
+        if self.duration_s is not None and not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
+
+
+@dataclass(frozen=True)
+class ServingResults:
+    """Tables of one real run plus its summary (the simulator's schema, wall-clock seconds)."""
+
+    spec: ServingSpec
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    outputs: dict[int, list[int]]  # request id -> its output tokens (finished requests)
+
+
+def random_prompts(vocab_size: int) -> PromptSource:
+    """Prompts of uniformly random token ids (for models with random weights)."""
+    def draw(domain: str, num_tokens: int, rng: np.random.Generator) -> list[int]:
+        return rng.integers(0, vocab_size, size=num_tokens).tolist()
+    return draw
