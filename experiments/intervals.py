@@ -17,13 +17,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from matplotlib.axes import Axes
 
 from simulator import Results, SimulationSpec, simulate
 from simulator.profile import HardwareProfile, profile_from_dict
+
+if TYPE_CHECKING:  # matplotlib only types the collect side; a run must not pay its import
+    from matplotlib.axes import Axes
 
 METRICS = ("output_tokens_per_s", "output_tokens_per_s_per_gpu", "tokens_per_s_per_user", "ttft_s", "tpot_s",
            "e2e_s", "mean_acceptance_length", "verification_budget_per_request", "mean_batch_tokens")
