@@ -50,7 +50,7 @@ def build_traffic(traffic: Any, seed: int) -> TrafficSpec | Workload:
     return load_trace_workload(traffic.trace, format=traffic.format, options=options)
 
 
-def build_drafter(run: RunConfig, traffic: TrafficSpec | Workload) -> DrafterSpec:
+def drafter_spec(run: RunConfig, traffic: TrafficSpec | Workload) -> DrafterSpec:
     """The drafter spec, with ``traffic.benchmark_mix``: each benchmark must belong to a domain the traffic has."""
     mix = run.traffic.benchmark_mix
     numbers = isinstance(mix, Mapping) and all(isinstance(w, (int, float)) and not isinstance(w, bool)
@@ -90,7 +90,7 @@ def warn_other_target(drafter: DrafterSpec, profile: HardwareProfile) -> None:
 def spec_of(run: RunConfig) -> SimulationSpec:
     """The simulation a validated config describes (reads the profile and any trace file)."""
     traffic = build_traffic(run.traffic, run.seed)
-    drafter, profile = build_drafter(run, traffic), load_profile(run.hardware)
+    drafter, profile = drafter_spec(run, traffic), load_profile(run.hardware)
     warn_other_target(drafter, profile)
     return SimulationSpec(
         policy=run.policy.to_spec(),

@@ -29,16 +29,13 @@ import torch
 from calibration.models import checkpoints
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.serving.specdec import SpeculativeDecoder
+from calibration.serving.specdec import FLAT_COST, SpeculativeDecoder
 from calibration.training.corpora import domains_of, load_corpus, sample_prompts
 from calibration.training.train import TrainConfig, heldout_report
 from policies import make_policy
-from policies.base import CostCurve
 from simulator.acceptance.logs import AcceptanceRecorder, summary, write_log
 from simulator.acceptance.presets import TABLE1_QWEN3_4B, preset
 from traces.workload import DOMAINS
-
-FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
 
 
 def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int]], num_tokens: int | np.ndarray,

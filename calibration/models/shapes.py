@@ -1,7 +1,7 @@
 """Model shapes: frozen dataclasses with named presets, shared by the roofline and the torch models.
 
 A :class:`ModelShape` fixes every dimension of a target that decides cost (parameters,
-FLOPs, bytes, KV cache); a :class:`DrafterSpec` fixes how a drafter of each kind
+FLOPs, bytes, KV cache); a :class:`DrafterShape` fixes how a drafter of each kind
 spends a step (layers, parallel or sequential, Markov head, feature inputs), with the
 paper's defaults in :func:`default_drafters`. The torch drafters take their default
 layer counts from there, and :mod:`calibration.profiling.drafter_cost` prices them.
@@ -198,7 +198,7 @@ DRAFT_KINDS: tuple[DrafterKind, ...] = ("dspark", "dflash", "eagle3", "mtp")
 
 
 @dataclass(frozen=True)
-class DrafterSpec:
+class DrafterShape:
     """Shape of a drafter as far as cost goes.
 
     ``num_layers`` per forward pass; ``parallel`` = all gamma positions in one pass;
@@ -216,15 +216,15 @@ class DrafterSpec:
     window_tokens: int | None = None
 
 
-def default_drafters(shape: ModelShape) -> dict[str, DrafterSpec]:
+def default_drafters(shape: ModelShape) -> dict[str, DrafterShape]:
     """Paper defaults: 5 layers for DSpark/DFlash and 1 for Eagle3 (sec. 4.1); for an MoE target,
     3 backbone layers with a 128-token sliding window (the production setting, sec. 5.1)."""
     layers, window = (3, 128) if shape.is_moe else (5, None)
     return {
-        "dspark": DrafterSpec("dspark", layers, parallel=True, markov_head=True, feature_layers=3,
-                              window_tokens=window),
-        "dflash": DrafterSpec("dflash", layers, parallel=True, markov_head=False, feature_layers=3,
-                              window_tokens=window),
-        "eagle3": DrafterSpec("eagle3", 1, parallel=False, markov_head=False, feature_layers=3),
-        "mtp": DrafterSpec("mtp", 1, parallel=False, markov_head=False, feature_layers=2),
+        "dspark": DrafterShape("dspark", layers, parallel=True, markov_head=True, feature_layers=3,
+                               window_tokens=window),
+        "dflash": DrafterShape("dflash", layers, parallel=True, markov_head=False, feature_layers=3,
+                               window_tokens=window),
+        "eagle3": DrafterShape("eagle3", 1, parallel=False, markov_head=False, feature_layers=3),
+        "mtp": DrafterShape("mtp", 1, parallel=False, markov_head=False, feature_layers=2),
     }

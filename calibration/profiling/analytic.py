@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES, DrafterSpec, default_drafters, get_shape
+from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES, DrafterShape, default_drafters, get_shape
 from calibration.profiling.context_tables import (
     ContextGrid,
     attention_block,
@@ -85,7 +85,7 @@ def _roofline(model: str, gpu: str, assume: Assumptions, precision: Precision) -
     return Roofline(shape, spec, assume, gpus_per_replica(shape, spec, assume, precision), precision)
 
 
-def _common_details(roof: Roofline, drafters: dict[str, DrafterSpec]) -> dict[str, Any]:
+def _common_details(roof: Roofline, drafters: dict[str, DrafterShape]) -> dict[str, Any]:
     shape = roof.shape
     return {"model_shape": dataclasses.asdict(shape), "total_params": shape.total_params,
             "active_params": shape.active_params,
@@ -94,7 +94,7 @@ def _common_details(roof: Roofline, drafters: dict[str, DrafterSpec]) -> dict[st
 
 
 def build_document(model: str, gpu: str, assume: Assumptions | None = None,
-                   drafters: dict[str, DrafterSpec] | None = None,
+                   drafters: dict[str, DrafterShape] | None = None,
                    today: datetime.date | None = None) -> ProfileDocument:
     """The version-1 analytic profile of a preset model on a preset GPU (BF16 weights and KV)."""
     assume = assume or Assumptions()
@@ -132,7 +132,7 @@ def _device(roof: Roofline) -> str:
 
 def build_document_v2(model: str, gpu: str, assume: Assumptions | None = None, precision: Precision = BF16,
                       grid: ContextGrid = DEFAULT_GRID, token_budget: int | None = None,
-                      drafters: dict[str, DrafterSpec] | None = None,
+                      drafters: dict[str, DrafterShape] | None = None,
                       today: datetime.date | None = None) -> ProfileDocument:
     """The version-2 analytic profile of a preset model on a preset GPU (see the module docstring)."""
     assume = assume or Assumptions()
@@ -160,7 +160,7 @@ def build_document_v2(model: str, gpu: str, assume: Assumptions | None = None, p
         scheduler=SchedulerCost(assume.scheduler_fixed_s, assume.scheduler_per_candidate_s), version2=blocks)
 
 
-def _details_v2(roof: Roofline, drafters: dict[str, DrafterSpec], grid: ContextGrid,
+def _details_v2(roof: Roofline, drafters: dict[str, DrafterShape], grid: ContextGrid,
                 token_budget: int | None) -> dict[str, Any]:
     shape, p = roof.shape, roof.precision
     return {
@@ -191,7 +191,7 @@ def _details_v2(roof: Roofline, drafters: dict[str, DrafterSpec], grid: ContextG
 
 
 def build_profile(model: str, gpu: str, assume: Assumptions | None = None,
-                  drafters: dict[str, DrafterSpec] | None = None,
+                  drafters: dict[str, DrafterShape] | None = None,
                   today: datetime.date | None = None) -> dict[str, Any]:
     """The version-1 profile dictionary (simulator format, ``source: analytic``) for a preset model on a preset GPU."""
     return build_document(model, gpu, assume, drafters, today).to_dict()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.models.shapes import DrafterSpec
+from calibration.models.shapes import DrafterShape
 from calibration.profiling.drafter_cost import draft_latency_s
 from calibration.profiling.roofline import Roofline
 from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, CudaGraphsBlock
@@ -81,7 +81,7 @@ def chunk_attention_block(roof: Roofline, contexts: tuple[int, ...], chunks: tup
     return ChunkAttentionBlock(contexts, chunks, tuple(tuple(float(v) for v in row) for row in grid))
 
 
-def draft_tables(roof: Roofline, drafters: dict[str, DrafterSpec], contexts: tuple[int, ...],
+def draft_tables(roof: Roofline, drafters: dict[str, DrafterShape], contexts: tuple[int, ...],
                  num_requests: tuple[int, ...], draft_tokens: tuple[int, ...]) -> dict[str, ContextDraftTable]:
     """``draft.<kind>.latency_s[context][R][gamma]`` of every drafter."""
     return {kind: ContextDraftTable(contexts, num_requests, draft_tokens, tuple(

@@ -25,18 +25,18 @@ stored in the target's KV format. No drafter here reads the target's KV cache:
 
 So drafter latency grows with context (:func:`draft_latency_s` takes the batch's mean
 context; without one, the roofline's reference ``context_tokens``). The drafters' shapes
-(kinds, layer counts, the paper's defaults) are :class:`calibration.models.shapes.DrafterSpec`.
+(kinds, layer counts, the paper's defaults) are :class:`calibration.models.shapes.DrafterShape`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from calibration.models.shapes import DrafterSpec
+from calibration.models.shapes import DrafterShape
 from calibration.profiling.roofline import Roofline
 
 
-def _pass_s(roof: Roofline, spec: DrafterSpec, num_requests: int, tokens: int, context_tokens: float) -> float:
+def _pass_s(roof: Roofline, spec: DrafterShape, num_requests: int, tokens: int, context_tokens: float) -> float:
     """One drafter forward over ``tokens`` tokens of ``num_requests`` requests at ``context_tokens`` each, LM head
     included."""
     s, a, weight_bytes = roof.shape, roof.assume, roof.precision.weight_bytes
@@ -66,7 +66,7 @@ def _markov_step_s(roof: Roofline, num_requests: int) -> float:
     return float(roof.roofline_s(flops, bytes_)) + a.sequential_step_overhead_s
 
 
-def draft_latency_s(roof: Roofline, spec: DrafterSpec, num_requests: int, draft_tokens: int,
+def draft_latency_s(roof: Roofline, spec: DrafterShape, num_requests: int, draft_tokens: int,
                     context_tokens: float | None = None) -> float:
     """Seconds the drafter needs to propose ``draft_tokens`` tokens for each of ``num_requests`` requests whose
     contexts hold ``context_tokens`` tokens on average (default: the roofline's reference context)."""

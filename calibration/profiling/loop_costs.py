@@ -54,6 +54,7 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.timing import run_times_s
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving.specdec import FLAT_COST
 from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
@@ -62,7 +63,6 @@ from simulator.profile import HardwareProfile, profile_from_dict
 from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
 
-FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
 FIXED_LENGTHS = LengthSpec(prompt_median_tokens=32, prompt_sigma=0.0, output_median_tokens=96, output_sigma=0.0)
 
 

@@ -32,6 +32,10 @@ from policies.base import CostCurve, Decision, Policy
 from policies.driver import CostSource, PolicyMemory, check_decision, cost_for
 from policies.lossless.sampler import sample_token, verify_block
 
+# A cost curve that prices every batch alike: for runs where the policy's pricing does not matter (static
+# policies, probes). 100 steps/s over any batch size.
+FLAT_COST = CostCurve(batch_tokens=np.array([1, 1_000_000]), steps_per_s=np.array([100.0, 100.0]))
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
