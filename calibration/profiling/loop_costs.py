@@ -54,7 +54,7 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.timing import run_times_s
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
-from calibration.serving.specdec import FLAT_COST
+from calibration.serving.specdec import FLAT_COST, ContextCost
 from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
@@ -127,8 +127,13 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
                        max_lengths: tuple[int, int] | None = None) -> LoopCosts:
     """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``.
     ``max_lengths``: the longest prompt and output (default: 4 x the medians)."""
-    # Static policies never read the cost curve; a flat one keeps the probe independent of the profile.
-    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), FLAT_COST, "loop-cost probe")
+    # Static policies never read the cost curve: a flat one keeps the probe independent of the profile. A profile
+    # that prices context is priced as the loop will price it (the curve is computed every step, for every policy:
+    # host time the residual must hold).
+    cost: CostCurve | ContextCost = FLAT_COST
+    if isolated.uses_context(drafter.kind):
+        cost = ContextCost(lambda r, contexts: isolated.step_cost_curve(drafter.kind, r, gamma, contexts))
+    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), cost, "loop-cost probe")
     max_prompt, max_output = max_lengths or (int(np.ceil(4 * lengths.prompt_median_tokens)),
                                              int(np.ceil(4 * lengths.output_median_tokens)))
     gammas = tuple(sorted({1, gamma}))
@@ -187,7 +192,7 @@ def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int,
 
 
 def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
-                    probe_requests: tuple[int, ...], prefill_tokens: tuple[int, int],
+                    probe_requests: tuple[int, ...], prefill_tokens: tuple[int, ...],
                     lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
                     on_point: Callable[[str], None] = lambda _: None,
                     policies: tuple[str, ...] = ("greedy",),
@@ -303,14 +308,25 @@ def _no_grad(run: Callable[[], object]) -> object:
     return run()
 
 
-def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, int],
+def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, ...],
                     rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> tuple[float, float]:
-    """(fixed_s, tokens_per_s) of :meth:`LiveBatch.prefill` from the medians at two prompt lengths n1 < n2."""
-    n1, n2 = prompt_tokens
-    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, n2 + 1)
+    """(fixed_s, tokens_per_s) of :meth:`LiveBatch.prefill`, fitted to the medians at two or more prompt lengths.
+
+    With two lengths n1 < n2 the line through both; with more, least squares. Prefill is convex in the prompt
+    (attention is quadratic), so a line can cross 0 below the shortest length: then fixed_s is 0 and the rate the
+    one that keeps the mean time over the lengths (queues in front of a prefill instance feel the mean service
+    time). Pass lengths drawn like the traffic's prompts (e.g. its quantiles) for a fit where they are.
+    """
+    lengths = sorted(set(prompt_tokens))
+    if len(lengths) < 2 or lengths[0] < 1:
+        raise ValueError(f"measure_prefill needs two or more prompt lengths >= 1, got {prompt_tokens}")
+    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, lengths[-1] + 1)
 
     def prefill_of(n: int) -> Callable[[], object]:  # a new prompt each run, drawn outside the timed call
         return partial(batch.prefill, rng.integers(0, verifier.s.vocab_size, size=n).tolist(), rng)
-    t1, t2 = (statistics.median(run_times_s(partial(prefill_of, n), warmup, repeats)) for n in (n1, n2))
-    tokens_per_s = (n2 - n1) / (t2 - t1) if t2 > t1 else n2 / t2  # noise guard: the mean rate
-    return max(0.0, t1 - n1 / tokens_per_s), tokens_per_s
+    n = np.array(lengths, dtype=float)
+    t = np.array([statistics.median(run_times_s(partial(prefill_of, k), warmup, repeats)) for k in lengths])
+    slope, intercept = np.polyfit(n, t, 1)
+    if slope <= 0 or intercept < 0:  # noise, or a convex curve: no fixed cost, the mean time kept
+        return 0.0, float(n.mean() / t.mean())
+    return float(intercept), float(1.0 / slope)

@@ -191,6 +191,14 @@ def profile_config(cfg: ValidationConfig) -> ProfileConfig:
         checkpoints=None, format_version=cfg.profile_version, context_axes=axes, probe_context=cfg.context_tokens)
 
 
+def prompt_quantiles(cfg: ValidationConfig) -> tuple[int, ...]:
+    """Prompt lengths at the 10, 30, 50, 70 and 90% quantiles of the traffic's lognormal (truncated as it is): where
+    the loop's prefill is fitted, so that its mean time over the traffic's prompts comes out right."""
+    z = np.array([-1.2816, -0.5244, 0.0, 0.5244, 1.2816])  # standard normal quantiles
+    points = np.minimum(np.round(cfg.prompt_tokens * np.exp(cfg.length_sigma * z)), cfg.max_prompt_tokens)
+    return tuple(sorted({max(2, int(p)) for p in points}))
+
+
 def validation_contexts(longest_tokens: int) -> tuple[int, ...]:
     """0, then powers of two and their midpoints from about a sixteenth of the longest context a request reaches
     (at least 64) up to it, and that end."""
@@ -210,7 +218,7 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     # The loop's own costs, probed on the workload's lengths: attention pads to the longest context in a batch.
     lengths = LengthSpec(cfg.prompt_tokens, cfg.length_sigma, cfg.output_tokens, cfg.length_sigma)
     data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
-                           profile_cfg.prefill_tokens, lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
+                           prompt_quantiles(cfg), lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
                            policies=cfg.policies, max_lengths=(cfg.max_prompt_tokens, cfg.max_output_tokens))
     data["metadata"]["model"] = models.description
     return profile_from_dict(data, "<validation profile>")
