@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from policies.base import Decision, PolicyTraits, StepView, survival_by_position
+from policies.base import Decision, PolicyTraits, StepView, survival_by_position, trim_to_budget
 from policies.registry import register
 
 
@@ -20,6 +20,8 @@ class Threshold(PolicyTraits):
     (DeepSpec's eval stops a proposal at the first c_k < theta).
     ``variant="prefix"``: l_r = max{j : a[r, j] >= theta} (survival of the whole prefix).
     Both read only c[r, 1..j] to admit position j, so they are non-anticipating.
+    Under a token budget the requests scheduled last verify fewer
+    (:func:`policies.base.trim_to_budget`).
     """
 
     theta: float = 0.5
@@ -39,5 +41,5 @@ class Threshold(PolicyTraits):
             passed = by_position >= self.theta
         else:
             passed = np.logical_and.accumulate(view.confidence.T >= self.theta, axis=0)  # [gamma, R]
-        lengths = passed.sum(axis=0, dtype=np.int64)
+        lengths = trim_to_budget(passed.sum(axis=0, dtype=np.int64), view.draft_budget)
         return Decision(lengths=lengths, pool=by_position.T, capacity=int(lengths.sum()))

@@ -40,7 +40,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.recomputing: set[int] = set()
         self.engine = DecodeEngine(self.env, 0, self.store, make_policy(policy), PROFILE, ACCEPTANCE, "dspark", 5,
                                    limits, np.random.default_rng(seed), self.steps, self._on_finish, mode=mode,  # type: ignore
-                                   on_preempt=self._on_preempt)
+                                   on_preempt=self._on_preempt, token_budget=self.budget)
 
     def _on_finish(self, ids: np.ndarray) -> None:
         self.finished += ids.size
