@@ -46,6 +46,7 @@ def simulate(spec: SimulationSpec, progress: Callable[[float], None] | None = No
         "lossless": bool(spec.policy.lossless),
         "drafter": spec.drafter.kind,
         "gamma": spec.drafter.gamma,
+        "acceptance": cluster.acceptance.describe(),
         "profile": spec.profile.label,
         "profile_source": spec.profile.source,
         "seed": spec.seed,

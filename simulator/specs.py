@@ -49,6 +49,7 @@ class DrafterSpec:
     confidence: ConfidenceSpec = field(default_factory=ConfidenceSpec)
     log: str | None = None
     log_order: str = "auto"
+    log_confidence: str = "auto"  # the log's column replayed as confidences: auto, confidence or draft_prob
     acceptance: str | None = None
     latency: str | None = None
     benchmark_mix: dict[str, float] | None = None
@@ -56,6 +57,9 @@ class DrafterSpec:
     def __post_init__(self) -> None:
         if self.log_order not in ("auto", "walk", "independent"):
             raise ValueError(f"drafter.log_order must be auto, walk or independent, got {self.log_order!r}")
+        if self.log_confidence not in ("auto", "confidence", "draft_prob"):
+            raise ValueError("drafter.log_confidence must be auto, confidence or draft_prob, "
+                             f"got {self.log_confidence!r}")
         if self.log is not None and (self.acceptance is not None or self.benchmark_mix):
             raise ValueError("drafter.log replays a log: drafter.acceptance and benchmark_mix apply to presets only")
         if self.log is None:  # read the preset now, so that a bad name, file or benchmark mix fails at start
@@ -76,7 +80,8 @@ class DrafterSpec:
         if self.log is None:
             return AcceptanceModel(self.acceptance_preset, self.gamma, self.difficulty, self.confidence,
                                    self.benchmark_mix)
-        return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma, order=self.log_order)
+        return LoggedAcceptance(self.log, drafter=self.kind, gamma=self.gamma, order=self.log_order,
+                                confidence_column=self.log_confidence)
 
     def online_estimator(self) -> OnlineAcceptanceEstimator | None:
         """A fresh online estimator for one engine when ``confidence.source`` is online, else None."""

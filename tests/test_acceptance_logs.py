@@ -96,6 +96,21 @@ def test_replay_refuses_censored_logs_and_unknown_drafters(log):
         LoggedAcceptance(log, drafter="eagle3")
 
 
+
+def test_replay_never_switches_its_confidence_column_silently(log):
+    """One null confidence among thousands of rows is an error that names the row, not a switch to draft_prob."""
+    holed = log.copy()
+    holed.loc[holed.index[5], "confidence"] = None
+    with pytest.raises(LogError, match=r"1 null confidence value\(s\).*drafter.log_confidence=draft_prob"):
+        LoggedAcceptance(holed)
+    # Asking for the other column explicitly replays it, and the source says so.
+    assert LoggedAcceptance(holed, confidence_column="draft_prob").describe()["confidence_column"] == "draft_prob"
+    # A drafter with no head at all logs no confidence: auto takes draft_prob and records it.
+    headless = log.assign(confidence=None)
+    assert LoggedAcceptance(headless).describe()["confidence_column"] == "draft_prob"
+    described = LoggedAcceptance(log).describe()
+    assert described["source"] == "log" and described["confidence_column"] == "confidence"
+
 def replay_until_done(model: LoggedAcceptance | AcceptanceModel, rng: np.random.Generator, domain: str,
                       num_requests: int, num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Simulate requests to ``num_tokens`` tokens each (as the log was recorded) -> accepted counts, request of step."""

@@ -208,3 +208,8 @@ def test_run_log_holds_the_summary_and_requests_table_the_window_flag(cli_run):
     requests = pd.read_parquet(cli_run / "requests.parquet")
     assert requests["in_window"].dtype == bool
     assert (requests["in_window"] == (requests["arrival_at"] >= 0.5)).all()
+
+
+def test_summary_records_where_acceptance_came_from(small_spec):
+    summary = simulate(small_spec(make_policy("mtp1"), duration_s=1.0)).summary
+    assert summary["acceptance"]["source"] == "preset" and summary["acceptance"]["preset"]

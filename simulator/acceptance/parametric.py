@@ -144,6 +144,7 @@ class AcceptanceModel:
         num = len(self.classes)
         self._params = np.full((5, num, gamma), np.nan)  # mu, loading of W on n0, on n1, 1/psd, per class
         self._fitted = np.zeros(num, dtype=bool)
+        self._rows = np.full((num, 5, gamma), np.nan)  # _params by class [C, 5, gamma], rebuilt by _fit
         self._single = np.full(len(DOMAINS), -1)  # class of a domain with one class, else -1
         for d_idx, (ids, _) in self._by_domain.items():
             if ids.size == 1:
@@ -152,6 +153,12 @@ class AcceptanceModel:
     @property
     def drafter(self) -> str:
         return self.preset.name
+
+    def describe(self) -> dict[str, object]:
+        """What the run's acceptance came from, for the summary."""
+        conf = self.confidence_spec
+        return {"source": "preset", "preset": self.preset.name, "preset_file": self.preset.path,
+                "preset_source": self.preset.metadata.get("source"), "confidence_calibrated": conf.calibrated}
 
     def _fit(self, class_ids: np.ndarray) -> None:
         """Fit the latent model of the classes not fitted yet (cached across models with the same inputs)."""
@@ -178,6 +185,7 @@ class AcceptanceModel:
             self._params[:, c] = (fit.mu, cov / scale_a, np.sqrt(np.maximum(cov - cov**2 / scale_a**2, 0.0)),
                                   1.0 / np.sqrt(1.0 + spread**2 * (1.0 - fit.gain)), np.full(self.gamma, scale_a))
             self._fitted[c] = True
+        self._rows = np.ascontiguousarray(self._params.transpose(1, 0, 2))
         log.debug("acceptance model %s: %d curve(s) fitted in %.2f s", self.preset.name, len(todo),
                   time.perf_counter() - started)
 
@@ -218,26 +226,55 @@ class AcceptanceModel:
 
         ``decoded_tokens`` [R] is accepted for the interface's sake; this model does not depend on it.
         """
-        g = num_draft_tokens
         num_requests = domain_idx.shape[0]
-        if g == 0 or num_requests == 0:
-            return np.zeros((num_requests, g)), np.zeros(num_requests, dtype=np.int64)
+        if num_draft_tokens == 0 or num_requests == 0:
+            return np.zeros((num_requests, num_draft_tokens)), np.zeros(num_requests, dtype=np.int64)
+        confidence, accepted = self.sample_steps(rng, domain_idx, difficulty, num_draft_tokens, 1)
+        return confidence[0], accepted[0]
+
+    def sample_steps(self, rng: np.random.Generator, domain_idx: np.ndarray, difficulty: np.ndarray,
+                     num_draft_tokens: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Confidences [K, R, g] and accepted draft counts [K, R] of K = ``num_steps`` consecutive steps of the same
+        requests: the values and the draws of K calls of :meth:`sample_step`, in one pass (an engine whose batch
+        does not change samples ahead). The draws, per step and in this order: 2 R g standard normals (n0 [R, g],
+        then n1 [R, g]), then R (the step's shift) - only ``rng.standard_normal`` is called, with a count.
+        """
+        g, num_requests = num_draft_tokens, domain_idx.shape[0]
         if g > self.gamma:
             raise ValueError(f"{g} draft tokens requested but the acceptance model was built for gamma={self.gamma}")
-        cls, z = self.request_classes(domain_idx, difficulty)
-        self._fit(np.unique(cls))
-        mu, load0, load1, inv_psd, scale_a = self._params[:, cls, :g]  # each [R, g]
+        if g == 0 or num_requests == 0:
+            return np.zeros((num_steps, num_requests, g)), np.zeros((num_steps, num_requests), dtype=np.int64)
+        # Few numpy calls per call (an engine samples every step, often for a handful of requests).
+        cls = self._single[domain_idx]
+        z = difficulty
+        if cls.min() < 0:  # a domain with several curves, or none
+            cls, z = self.request_classes(domain_idx, difficulty)
+        if not self._fitted[cls].all():
+            self._fit(np.unique(cls))
+        rows = self._rows[cls]  # [R, 5, gamma]
+        mu, load0, load1, inv_psd, scale_a = (rows[:, i, :g] for i in range(5))  # each [R, g]
         spec = self.difficulty
-        # (A, W) of the latent model is bivariate normal: two draws per token suffice.
-        n = rng.standard_normal((2, num_requests, g))
-        shift = spec.request_spread * z + spec.step_spread * rng.standard_normal(num_requests)
-        base = mu + shift[:, None]  # [R, g]
-        rejected = base + scale_a * n[0] <= 0.0
+        # (A, W) of the latent model is bivariate normal: two draws per token suffice. One call draws the stream
+        # that per-step calls would (numpy draws standard normals one after the other, whatever the size).
+        size = num_requests * g
+        draws = rng.standard_normal(num_steps * (2 * size + num_requests)).reshape(num_steps, -1)
+        n0 = draws[:, :size].reshape(num_steps, num_requests, g)
+        n1 = draws[:, size:2 * size].reshape(num_steps, num_requests, g)
+        shift = spec.request_spread * z + spec.step_spread * draws[:, 2 * size:]  # [K, R]
+        base = mu + shift[:, :, None]  # [K, R, g]
         # Accepted draft count = index of the first rejection (g when there is none).
-        accepted = np.argmax(np.concatenate((rejected, np.ones((num_requests, 1), dtype=bool)), axis=1), axis=1)
-        confidence = ndtr((base + load0 * n[0] + load1 * n[1]) * inv_psd)
+        rejected = np.ones((num_steps, num_requests, g + 1), dtype=bool)
+        latent = scale_a * n0
+        latent += base
+        np.less_equal(latent, 0.0, out=rejected[:, :, :g])
+        accepted = rejected.argmax(axis=2)
+        confidence = load0 * n0
+        np.add(base, confidence, out=confidence)
+        confidence += load1 * n1
+        confidence *= inv_psd
+        ndtr(confidence, out=confidence)
         if not self.confidence_spec.calibrated:
-            confidence = self.raw(confidence)
+            confidence = self.raw(confidence.reshape(-1, g)).reshape(num_steps, num_requests, g)
         return confidence, accepted
 
     def raw(self, calibrated: np.ndarray) -> np.ndarray:

@@ -40,7 +40,9 @@ Same interface as :class:`simulator.acceptance.AcceptanceModel`. How a log is re
 
 Confidences come from the ``confidence`` column (the head's c_k). Drafters without a
 head log none; ``confidence_column="auto"`` (default) then uses ``draft_prob``, the
-drafter's probability of its own token, as an uncalibrated stand-in.
+drafter's probability of its own token, as an uncalibrated stand-in. A column null in
+only some rows is an error: the source of confidences never changes silently, and
+:meth:`LoggedAcceptance.describe` records which column was replayed.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class LoggedAcceptance:
                              f"pass beyond_logged='chain' to chain logged blocks, or log a longer block")
         self.beyond_logged = beyond_logged
         self.source = source
-        self.confidence = self._confidences(blocks, confidence_column, source)  # [N, G]
+        self.confidence, self.confidence_column = self._confidences(blocks, confidence_column, source)  # [N, G]
         self.num_accepted = blocks.num_accepted  # [N]
         # Blocks are sorted by (domain, request_id, step); requests by (domain, request_id).
         domain_idx = np.array([DOMAINS.index(d) for d in blocks.domain], dtype=np.int64)
@@ -134,19 +136,31 @@ class LoggedAcceptance:
         return order
 
     @staticmethod
-    def _confidences(blocks, column: str, source: str) -> np.ndarray:
+    def _confidences(blocks, column: str, source: str) -> tuple[np.ndarray, str]:
+        """The confidences to replay -> ([N, G], the column they come from).
+
+        ``auto`` takes the head's ``confidence`` column, or ``draft_prob`` for a drafter that logged no confidence
+        at all (no head); a column null in only some rows is an error, never a silent switch of the whole log.
+        """
         if column not in ("auto", "confidence", "draft_prob"):
-            raise ValueError(f"confidence_column must be auto, confidence or draft_prob, got {column!r}")
-        head = blocks.confidence
-        if column == "confidence" or (column == "auto" and not np.isnan(head).any()):
-            if np.isnan(head).any():
-                raise LogError(f"acceptance log {source}: drafter {blocks.drafter[0]!r} has null confidences; "
-                               f"use confidence_column='draft_prob'")
-            return head
-        if np.isnan(blocks.draft_prob).any():
-            raise LogError(f"acceptance log {source}: drafter {blocks.drafter[0]!r} has neither confidences "
-                           f"nor draft probabilities at every position")
-        return blocks.draft_prob
+            raise ValueError(f"drafter.log_confidence must be auto, confidence or draft_prob, got {column!r}")
+        drafter = blocks.drafter[0]
+        if column == "auto":
+            column = "draft_prob" if np.isnan(blocks.confidence).all() else "confidence"
+        values = blocks.confidence if column == "confidence" else blocks.draft_prob
+        missing = np.isnan(values)
+        if missing.any():
+            i = int(np.flatnonzero(missing.any(axis=1))[0])
+            other = "draft_prob" if column == "confidence" else "confidence"
+            raise LogError(f"acceptance log {source}: drafter {drafter!r} has {int(missing.sum())} null "
+                           f"{column} value(s) (first: domain {blocks.domain[i]}, request_id {blocks.request_id[i]}, "
+                           f"step {blocks.step[i]}); fill them or replay drafter.log_confidence={other}")
+        return values, column
+
+    def describe(self) -> dict[str, object]:
+        """What the run's acceptance came from, for the summary."""
+        return {"source": "log", "log": self.source, "drafter": self.drafter, "confidence_column":
+                self.confidence_column, "order": self.order, "logged_gamma": self.logged_gamma}
 
     def request_difficulty(self, rng: np.random.Generator, num_requests: int) -> np.ndarray:
         """Persistent quantile u in [0, 1) per request -> [N]; selects the logged request it replays."""

@@ -31,3 +31,7 @@ class AcceptanceSource(Protocol):
         output tokens each has decoded (sources that depend on the position in the output read it).
         """
         ...
+
+    def describe(self) -> dict[str, object]:
+        """What the acceptance comes from (preset or log, and how it is read), recorded in every summary."""
+        ...
