@@ -47,7 +47,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from hydra import compose, initialize_config_dir
 
+from experiments.config import build_spec
+from experiments.plan_report import describe, write_outputs
 from simulator import SimulationSpec, simulate
 from traces.synthetic import TrafficSpec
 
@@ -218,10 +221,6 @@ def plan_table(plans: list[PolicyPlan]) -> pd.DataFrame:
 
 def compose_spec(policy: str, overrides: list[str]) -> SimulationSpec:
     """The run config of ``python -m experiments.run policy=<policy> <overrides>``, as a spec."""
-    from hydra import compose, initialize_config_dir
-
-    from experiments.config import build_spec
-
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"policy={policy}", *overrides])
     return build_spec(cfg)
@@ -252,8 +251,6 @@ def main(argv: list[str] | None = None) -> None:
         plans.append(summarize_search(found, closed, spec.cluster.limits.max_concurrency, args.target_rate,
                                       spec.profile.gpus_per_replica))
         print(f"{policy}: {len(found)} simulations", file=sys.stderr, flush=True)
-    from experiments.plan_report import describe, write_outputs
-
     print(describe(plans, frontier_table(probes, slos), slos, spec, args.target_rate, args.rel_tol))
     if args.out is not None:
         write_outputs(args.out, plans, frontier_table(probes, slos), slos, spec, args.target_rate, args.overrides)

@@ -32,6 +32,7 @@ def measured(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a real torch profiling run on the CPU
 def test_quick_profile_loads_and_says_measured(measured: Path) -> None:
     profile = load_profile(measured)
     meta = profile.metadata
@@ -61,6 +62,7 @@ def test_padding_cost_is_the_excess_over_the_flat_interpolation_per_padded_slot(
     assert padding_cost(8, {1: 1e-3}, {}) == 0.0
 
 
+@pytest.mark.slow  # a real torch profiling run on the CPU
 def test_comparison_figure_is_written(measured: Path, tmp_path: Path) -> None:
     out = compare_main([str(measured), "h200_qwen3-8b_analytic", "--out", str(tmp_path / "cmp.png")])
     assert out.stat().st_size > 10_000
@@ -92,6 +94,7 @@ def measured_v2(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # a real torch profiling run on the CPU
 def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2: Path) -> None:
     profile = load_profile(measured_v2)
     meta = profile.metadata
@@ -115,6 +118,7 @@ def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2:
     assert result.summary["output_tokens_per_s"] > 0
 
 
+@pytest.mark.slow  # a real torch profiling run on the CPU
 def test_loop_costs_fold_into_a_v2_profile_and_keep_its_context_tables(measured_v2: Path) -> None:
     raw = json.loads(measured_v2.read_text())
     costs = LoopCosts(num_requests=(1, 16), draft_tokens=(1, 8), draft_factor=((2.0, 2.0), (2.0, 2.0)),

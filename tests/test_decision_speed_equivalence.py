@@ -33,7 +33,7 @@ from policies.goodput import Goodput
 from policies.greedy import GlobalSync, Greedy
 from policies.threshold import Threshold
 
-EXACT = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+EXACT = settings(max_examples=75, deadline=None, derandomize=True, database=None)
 TIE_VALUES = [0.0, 0.25, 0.5, 0.8, 0.9, 1.0]
 
 

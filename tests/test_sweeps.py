@@ -340,6 +340,7 @@ def small_sweep(tmp_path_factory) -> Path:
     return sweep_dir
 
 
+@pytest.mark.slow  # a real 6-job multirun through the joblib launcher
 def test_small_sweep_collects_into_tables_and_figures(small_sweep, tmp_path):
     out = tmp_path / "collected"
     written, report = collect(small_sweep, out, baseline="mtp1", slas=[80.0, 120.0])
@@ -357,6 +358,7 @@ def test_small_sweep_collects_into_tables_and_figures(small_sweep, tmp_path):
     assert set(table["code_revision_describe"]) == {table["code_revision_describe"].iloc[0]}  # one checkout
 
 
+@pytest.mark.slow  # a real 6-job multirun through the joblib launcher
 def test_small_sweep_shows_the_production_shapes(small_sweep):
     sweep = load_sweep(small_sweep)
     by = {(row.policy_label, row.num_users): row for row in sweep.itertuples()}
@@ -372,6 +374,7 @@ def test_small_sweep_shows_the_production_shapes(small_sweep):
     assert budgets[0] > budgets[1] + 0.1 and budgets[1] > budgets[2] + 0.5, budgets
 
 
+@pytest.mark.slow  # a real 6-job multirun through the joblib launcher
 def test_collect_is_deterministic(small_sweep, tmp_path):
     collect(small_sweep, tmp_path / "a", baseline="mtp1")
     collect(small_sweep, tmp_path / "b", baseline="mtp1")
@@ -379,6 +382,7 @@ def test_collect_is_deterministic(small_sweep, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+@pytest.mark.slow  # a real 6-job multirun through the joblib launcher
 def test_collect_rejects_a_baseline_not_in_the_sweep(small_sweep, tmp_path):
     with pytest.raises(SweepError, match="--baseline 'mtp3' is not in the sweep; policies found: dspark, mtp1"):
         collect(small_sweep, tmp_path, baseline="mtp3")
