@@ -167,3 +167,19 @@ def test_the_latency_table_is_chosen_apart_from_the_preset(small_spec, default_p
     row = steps.iloc[len(steps) // 2]
     assert row["draft_s"] == pytest.approx(default_profile.draft_s("mtp", int(row["num_requests"]), 3))
     assert row["draft_s"] != pytest.approx(default_profile.draft_s("dspark", int(row["num_requests"]), 3))
+
+
+def test_fits_are_kept_on_disk_across_processes(tmp_path):
+    """A second process finds the first one's fit on disk: it neither fits again nor imports the root finder."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys\nfrom simulator.acceptance import AcceptanceModel\n"
+            "import numpy as np\nm = AcceptanceModel('dspark', 5)\n"
+            "m.sample_step(np.random.default_rng(0), np.array([0, 1, 2]), np.zeros(3), 5)\n"
+            "print('scipy.optimize' in sys.modules)")
+    env = {**os.environ, "SPECSCHED_CACHE_DIR": str(tmp_path)}
+    first, second = (subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    check=True).stdout.strip() for _ in range(2))
+    assert (first, second) == ("True", "False")
+    assert any(tmp_path.rglob("output.pkl"))

@@ -38,12 +38,13 @@ Fitting, on one uniform grid over d (trapezoid sums; the densities are smooth):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import ndtr  # scipy.optimize is not imported: it would add a third to a run's start time
+from joblib import Memory
+from scipy.special import ndtr
 
 from simulator.acceptance.curves import AcceptanceCurve
 
@@ -53,37 +54,11 @@ _GRID_POINTS = 512
 _GRID_HALF_WIDTH_SD = 8.0  # the grid spans +-8 standard deviations of the widest variable (V at gain 1)
 _STEP_WEIGHT_ROUNDS = 8  # fixed-point rounds for the step weighting (converges to < 1e-6 in tau)
 _MIN_GAIN = 1e-6
-
-
-def brentq(f: Callable[[float], float], low: float, high: float, xtol: float = 1e-12) -> float:
-    """The root of ``f`` in [low, high] (f(low) and f(high) of opposite signs) by regula falsi with the
-    Illinois modification: superlinear on the smooth monotone functions solved here."""
-    f_low, f_high = f(low), f(high)
-    if f_low == 0.0:
-        return low
-    if f_high == 0.0:
-        return high
-    if f_low * f_high > 0.0:
-        raise ValueError(f"no sign change of the function on [{low}, {high}]")
-    side = 0
-    for _ in range(200):
-        x = (low * f_high - high * f_low) / (f_high - f_low)
-        f_x = f(x)
-        if f_x == 0.0 or high - low < xtol:
-            return x
-        if f_x * f_high > 0.0:
-            high, f_high = x, f_x
-            if side == -1:
-                f_low /= 2.0
-            side = -1
-        else:
-            low, f_low = x, f_x
-            if side == 1:
-                f_high /= 2.0
-            side = 1
-        if abs(high - low) < xtol:
-            break
-    return (low + high) / 2.0
+# Fits are kept on disk across runs and sweep workers (keyed by every argument and by this code), so a run
+# whose curves were fitted before starts at once. SPECSCHED_CACHE_DIR moves the cache; "off" turns it off.
+_CACHE_DIR = os.environ.get("SPECSCHED_CACHE_DIR",
+                            os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specsched"))
+_DISK = Memory(None if _CACHE_DIR == "off" else _CACHE_DIR, verbose=0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +98,8 @@ def _grid(difficulty: DifficultySpec) -> np.ndarray:
 def _step_population(q: np.ndarray, difficulty: DifficultySpec, fit_positions: int,
                      x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Solve mu_k over the population of steps; returns (mu [gamma], step density of d on the grid [G])."""
+    from scipy.optimize import brentq  # here, not at the top: a run whose fits are cached never pays its import
+
     spec = difficulty
     scale = np.sqrt(1.0 + spec.position_spread**2)
     h = x[1] - x[0]
@@ -160,6 +137,8 @@ def _auc(mu: float, reached: np.ndarray, x: np.ndarray, gain: float, position_sp
 
 def _solve_gains(mu: np.ndarray, density: np.ndarray, x: np.ndarray, difficulty: DifficultySpec,
                  aucs: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    from scipy.optimize import brentq  # here, not at the top: a run whose fits are cached never pays its import
+
     spread = difficulty.position_spread
     scale = np.sqrt(1.0 + spread**2)
     gains, bounds = np.empty(mu.size), np.empty((mu.size, 2))
@@ -185,6 +164,14 @@ def _solve_gains(mu: np.ndarray, density: np.ndarray, x: np.ndarray, difficulty:
 
 @lru_cache(maxsize=256)
 def fit_latent(curve: AcceptanceCurve, gamma: int, difficulty: DifficultySpec, aucs: tuple[float, ...],
+               fit_positions: int, where: str = "the curve") -> LatentFit:
+    """Solve mu and the head gains for the first ``gamma`` positions of ``curve`` (see the module docstring);
+    cached in memory and on disk."""
+    return _fit_latent_on_disk(curve, gamma, difficulty, aucs, fit_positions, where)
+
+
+@_DISK.cache
+def _fit_latent_on_disk(curve: AcceptanceCurve, gamma: int, difficulty: DifficultySpec, aucs: tuple[float, ...],
                fit_positions: int, where: str = "the curve") -> LatentFit:
     """Solve mu and the head gains for the first ``gamma`` positions of ``curve`` (see the module docstring).
 
