@@ -115,6 +115,8 @@ def test_csv_reader(tmp_path: Path):
     plain, spec = read_results([tmp_path / "r.csv"])
     assert plain.mean_decode_requests == 3.9 and observe(plain).num_requests == 3.9
     assert observe(spec).step_s == pytest.approx(0.0126) and observe(spec).batch_tokens == pytest.approx(7.6)
+    with pytest.raises(ResultsError, match=r"r\.csv row 2: field 'mean_itl_ms' missing; needed by --step itl"):
+        observe(spec, step="itl")
 
 
 @pytest.mark.parametrize("name, text, message", [
