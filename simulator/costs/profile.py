@@ -155,15 +155,29 @@ class HardwareProfile:
             return 0.0
         return float(table(context_tokens, chunk_tokens).sum())
 
-    def attention_line(self, context_tokens: np.ndarray, draft_tokens: int) -> tuple[float, float]:
+    def attention_rows(self, context_tokens: np.ndarray, num_queries: int) -> np.ndarray:
+        """Each request's attention with 1, 2, ..., ``num_queries`` query tokens -> [R, num_queries] (key padding
+        applied): one pass over the batch prices every verification length a step can choose."""
+        assert self.attention is not None
+        context = np.asarray(context_tokens)
+        if self.key_padding == "longest" and context.size:
+            context = np.full(context.shape, context.max())
+        return self.attention.rows(context, num_queries)
+
+    def attention_line(self, context_tokens: np.ndarray, draft_tokens: int,
+                       rows: np.ndarray | None = None) -> tuple[float, float]:
         """What a policy prices the attention of a step with: ``(fixed_s, per_token_s)``, the attention of every
         request with one query token, and the mean extra cost of one more verified token (the slope from 1 to
-        ``1 + draft_tokens`` query tokens, averaged over the requests)."""
-        fixed_s = self.attention_s(context_tokens, 1)
-        if draft_tokens == 0 or np.size(context_tokens) == 0:
+        ``1 + draft_tokens`` query tokens, averaged over the requests). ``rows``: :meth:`attention_rows` of these
+        contexts, when already computed."""
+        if self.attention is None:
+            return 0.0, 0.0
+        if rows is None:
+            rows = self.attention_rows(context_tokens, 1 + draft_tokens)
+        fixed_s = float(rows[:, 0].sum())
+        if draft_tokens == 0 or rows.shape[0] == 0:
             return fixed_s, 0.0
-        full_s = self.attention_s(context_tokens, 1 + draft_tokens)
-        return fixed_s, (full_s - fixed_s) / (draft_tokens * np.size(context_tokens))
+        return fixed_s, (float(rows[:, draft_tokens].sum()) - fixed_s) / (draft_tokens * rows.shape[0])
 
     # ------------------------------------------------------------------ what a policy prices with
     def cost_curve(self, num_requests: int, draft_s: float = 0.0) -> CostCurve:
@@ -179,18 +193,19 @@ class HardwareProfile:
         return CostCurve(batch_tokens=tokens, steps_per_s=1.0 / step_s, draft_s=draft_s)
 
     def step_cost_curve(self, drafter: str, num_requests: int, draft_tokens: int,
-                        context_tokens: np.ndarray | None = None) -> CostCurve:
+                        context_tokens: np.ndarray | None = None, rows: np.ndarray | None = None) -> CostCurve:
         """What a policy prices a step with: :meth:`cost_curve`, the drafter's time for R and g and, with an
         attention table and the requests' contexts, the step's attention as a line over batch tokens
         (:meth:`attention_line`): ``fixed_s + max(B - R, 0) * per_token_s``. The line is exact when every request
         verifies the same number of tokens and attention is linear in query tokens between 1 and 1 + g; before
-        deciding, a policy cannot know which requests the extra tokens go to, so each is priced at the mean."""
+        deciding, a policy cannot know which requests the extra tokens go to, so each is priced at the mean.
+        ``rows``: this profile's :meth:`attention_rows` of the contexts, when already computed."""
         mean_context = None if context_tokens is None or np.size(context_tokens) == 0 else float(
             np.mean(context_tokens))
         draft_s = self.draft_s(drafter, num_requests, draft_tokens, mean_context)
         if self.attention is None or context_tokens is None:
             return self.cost_curve(num_requests, draft_s)
-        fixed_s, per_token_s = self.attention_line(context_tokens, draft_tokens)
+        fixed_s, per_token_s = self.attention_line(context_tokens, draft_tokens, rows)
         tokens, dense = self.dense_grid()
         per_request_s = float(self.per_request_s(num_requests)) if self.per_request_s is not None else 0.0
         step_s = dense + per_request_s + fixed_s + np.maximum(tokens - num_requests, 0.0) * per_token_s

@@ -39,6 +39,9 @@ class StepPricer:
         self.attention = profile.attention is not None
         self.needs_context = profile.uses_context(drafter) or self.curve_needs_context
         self._by_requests: dict[int, tuple[float, float, CostCurve]] = {}  # R -> (draft_s, sched_s, curve)
+        # The current step's attention rows [R, 1 + g] and the contexts they are for (see verify).
+        self._rows: np.ndarray | None = None
+        self._rows_context: np.ndarray | None = None
 
     def _cached(self, num_requests: int) -> tuple[float, float, CostCurve]:
         cached = self._by_requests.get(num_requests)
@@ -60,10 +63,23 @@ class StepPricer:
         if self.draft_needs_context:
             draft_s = self.profile.draft_s(self.drafter, num_requests, self.draft_tokens,
                                            float(np.mean(context_tokens)))  # type: ignore[arg-type]
+        rows = None
+        if self.attention:
+            rows = self.profile.attention_rows(context_tokens, 1 + self.draft_tokens)  # type: ignore[arg-type]
+            self._rows, self._rows_context = rows, context_tokens
         if self.curve_needs_context:
+            same = self.policy_profile is self.profile
             curve = self.policy_profile.step_cost_curve(self.drafter, num_requests, self.draft_tokens,
-                                                        context_tokens)
+                                                        context_tokens, rows if same else None)
         return draft_s, sched_s, curve
+
+    def _decode_attention_s(self, context_tokens: np.ndarray, lengths: np.ndarray) -> float:
+        """sum_r attention(c_r, 1 + l_r), from the rows priced before the decision when they are these requests'
+        (the oldest ``R`` of them when the newest were preempted)."""
+        rows, seen = self._rows, self._rows_context
+        if rows is not None and seen is not None and (context_tokens is seen or context_tokens.base is seen):
+            return float(rows[np.arange(lengths.size), lengths].sum())
+        return self.profile.attention_s(context_tokens, 1 + lengths)
 
     def verify(self, lengths: np.ndarray, decode_tokens: int, context_tokens: np.ndarray | None,
                chunk_context_tokens: np.ndarray, chunk_tokens: np.ndarray, detailed: bool) -> VerifyCost:
@@ -78,7 +94,7 @@ class StepPricer:
         verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots)
         attention_s = 0.0
         if self.attention and num_requests:
-            attention_s += profile.attention_s(context_tokens, 1 + lengths)  # type: ignore[arg-type]
+            attention_s += self._decode_attention_s(context_tokens, lengths)  # type: ignore[arg-type]
         if num_chunks:
             has = chunk_tokens > 0
             attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])

@@ -8,7 +8,7 @@ an error that names the table and the profile file it came from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,7 +37,8 @@ class Table1D:
 
 def _cell(axis: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Lower grid index and the fraction towards the next point for every query (axis of >= 2 points)."""
-    i = np.clip(np.searchsorted(axis, q, side="right") - 1, 0, axis.size - 2)
+    i = np.searchsorted(axis, q, side="right") - 1
+    i = np.minimum(np.maximum(i, 0), axis.size - 2)
     return i, (q - axis[i]) / (axis[i + 1] - axis[i])
 
 
@@ -64,12 +65,26 @@ class Table2D:
     x_name: str
     y_name: str
     origin: str = "<memory>"
+    _columns: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # cache of rows()
 
     def check(self, x: np.ndarray | float, y: np.ndarray | float) -> None:
         """Raise if any query lies outside the grid."""
         for q, axis, name in ((np.asarray(x), self.x, self.x_name), (np.asarray(y), self.y, self.y_name)):
             if q.size and (q.min() < axis[0] or q.max() > axis[-1]):
                 raise _outside(self.what, self.origin, name, float(q.min()), float(q.max()), axis)
+
+    def rows(self, x: np.ndarray, num_y: int) -> np.ndarray:
+        """The table at every ``x`` for y = 1, 2, ..., ``num_y`` -> [len(x), num_y]: interpolated along y once per
+        grid row (cached), then linearly in x - a batch's whole range of query counts in one pass."""
+        self.check(x, (1.0, float(num_y)))
+        columns = self._columns.get(num_y)
+        if columns is None:
+            whole = np.arange(1, num_y + 1, dtype=np.float64)
+            columns = np.stack([np.interp(whole, self.y, row) for row in self.values])  # [NX, num_y]
+            columns = self._columns[num_y] = _widen(self.x, columns, 0)
+        ax, grid = columns
+        i, t = _cell(ax, np.asarray(x, dtype=np.float64))
+        return grid[i] + (grid[i + 1] - grid[i]) * t[:, None]
 
     def __call__(self, x: np.ndarray | float, y: np.ndarray | float) -> np.ndarray:
         qx = np.asarray(x, dtype=np.float64)
@@ -99,6 +114,7 @@ class DraftTable:
     kind: str
     context_tokens: np.ndarray | None = None  # [NC]
     origin: str = "<memory>"
+    _slices: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (k, R, g) -> seconds
 
     def _check(self, value: float, axis: np.ndarray, name: str) -> None:
         if value < axis[0] or value > axis[-1]:
@@ -128,5 +144,12 @@ class DraftTable:
         if axis.size == 1:
             return self._slice(self.latency_s[0], r, g)
         k = int(np.clip(np.searchsorted(axis, c, side="right") - 1, 0, axis.size - 2))
-        low, high = self._slice(self.latency_s[k], r, g), self._slice(self.latency_s[k + 1], r, g)
+        low, high = self._slice_at(k, r, g), self._slice_at(k + 1, r, g)
         return low + (high - low) * (c - axis[k]) / (axis[k + 1] - axis[k])
+
+    def _slice_at(self, k: int, r: float, g: float) -> float:
+        """The (R, gamma) slice at context point k, remembered (an engine asks for the same R and g every step)."""
+        value = self._slices.get((k, r, g))
+        if value is None:
+            value = self._slices[(k, r, g)] = self._slice(self.latency_s[k], r, g)
+        return value
