@@ -2,19 +2,20 @@
 
 * ``global_sync`` reproduces Appendix A of the DSpark paper exactly, and a search over
   random worlds finds further counterexamples on its own.
-* ``dspark`` with ``staleness_steps=0`` (capacity from the current pool) is caught alike.
-* Two deliberately anticipating variants of ``greedy`` defined here are caught: one
-  looks one candidate past a falling Theta, one breaks survival ties towards the
-  deeper position (so a tie created by c = 1 after the drafted token moves the
-  request's earlier candidates along the path).
+* Every registered policy flagged lossy (``global_sync``, ``dspark`` with
+  ``staleness_steps=0``) is found by the search, and so are two deliberately
+  anticipating variants of ``greedy`` (tests/lossless_policies.py): one looks one
+  candidate past a falling Theta, one breaks survival ties towards the deeper
+  position (so a tie created by c = 1 after the drafted token moves the request's
+  earlier candidates along the path).
+* The search compares the joint law of all requests, not only each request's own:
+  two requests whose decisions peek at each other's drafts keep both laws exact and
+  are found by their dependence alone; a peek that goes one way (no cycle) is exact.
 * The exact checker matches a hand-derived formula on the Appendix A family, for
   both the lossy and the lossless scheduler, so its verdicts are not an artefact.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -22,65 +23,22 @@ from hypothesis import Phase, example, find, given, settings
 from hypothesis import strategies as st
 
 from policies import Policy
-from policies.base import Decision, PolicyTraits, StepView, path_throughput, prefix_survival
 from policies.dspark import DSpark
 from policies.greedy import GlobalSync, Greedy
 from policies.lossless.sampler import accept_prob, residual
-from tests.lossless_strategies import APPENDIX_A, APPENDIX_A_WARM, MarkovCase, markov_cases, max_deviation, sized
+from tests.lossless_policies import DeeperFirstTieGreedy, LookaheadGreedy, OneWayPeek, RingPeek, lossy_variants
+from tests.lossless_strategies import (
+    APPENDIX_A,
+    APPENDIX_A_WARM,
+    MarkovCase,
+    assert_lossless,
+    law_deviation,
+    markov_cases,
+    max_deviation,
+    sized,
+)
 
 DEVIATION = 1e-6  # a lossy policy must miss the target by more than this (rounding is ~1e-15)
-
-
-@dataclass(frozen=True)
-class LookaheadGreedy(PolicyTraits):
-    """ANTICIPATING on purpose: Algorithm 1 that keeps admitting when Theta falls but the next entry recovers it."""
-
-    name: ClassVar[str] = "lookahead_greedy"
-    synchronous: ClassVar[bool] = True
-    lossless: ClassVar[bool] = False
-
-    def decide(self, view: StepView) -> Decision:
-        survival = prefix_survival(view.confidence)
-        requests, _, survivals = _path(survival, deeper_first=False)
-        theta = path_throughput(view.cost, view.num_requests, survivals)
-        count = 0
-        while count < survivals.size and (theta[count + 1] > theta[count]
-                                          or (count + 2 < theta.size and theta[count + 2] > theta[count])):
-            count += 1
-        return Decision(lengths=lengths_from_path(view.num_requests, requests, count), pool=survival)
-
-
-@dataclass(frozen=True)
-class DeeperFirstTieGreedy(PolicyTraits):
-    """ANTICIPATING on purpose: Algorithm 1 with survival ties going to the deeper position first."""
-
-    name: ClassVar[str] = "deeper_first_tie_greedy"
-    synchronous: ClassVar[bool] = True
-    lossless: ClassVar[bool] = False
-
-    def decide(self, view: StepView) -> Decision:
-        survival = prefix_survival(view.confidence)
-        requests, _, survivals = _path(survival, deeper_first=True)
-        theta = path_throughput(view.cost, view.num_requests, survivals)
-        rising = theta[1:] > theta[:-1]
-        count = int(np.argmin(rising)) if not rising.all() else int(rising.size)
-        return Decision(lengths=lengths_from_path(view.num_requests, requests, count), pool=survival)
-
-
-def lengths_from_path(num_requests: int, requests: np.ndarray, count: int) -> np.ndarray:
-    """l_r = how many of the first ``count`` path entries belong to request r."""
-    return np.bincount(requests[:count], minlength=num_requests).astype(np.int64)
-
-
-def _path(survival: np.ndarray, deeper_first: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Candidates with a > 0 by descending survival; ties by position (shallow or deep first), then request."""
-    num_requests, gamma = survival.shape
-    flat = survival.ravel()
-    positions = np.tile(np.arange(1, gamma + 1), num_requests)
-    requests = np.repeat(np.arange(num_requests), gamma)
-    order = np.lexsort((requests, -positions if deeper_first else positions, -flat))
-    order = order[flat[order] > 0.0]
-    return requests[order], positions[order], flat[order]
 
 
 def first_token_law(case: MarkovCase, policy: Policy) -> np.ndarray:
@@ -160,19 +118,33 @@ def test_checker_matches_hand_formula(case):
 # Search without shrinking: finding one counterexample is the point, and a seeded sharp
 # world does not shrink to anything simpler anyway.
 SEARCH = settings(sized(400), phases=[Phase.generate])
+SEARCHED = [*lossy_variants(), ("lookahead_greedy", LookaheadGreedy()),
+            ("deeper_first_tie_greedy", DeeperFirstTieGreedy()),
+            ("dspark_staleness0_ema", DSpark(staleness_steps=0, ema_decay=0.5))]
 
 
-@pytest.mark.parametrize("policy", [
-    GlobalSync(),
-    DSpark(staleness_steps=0),
-    DSpark(staleness_steps=0, ema_decay=0.5),
-    LookaheadGreedy(),
-    DeeperFirstTieGreedy(),
-], ids=["global_sync", "dspark_staleness0", "dspark_staleness0_ema", "lookahead_greedy", "deeper_first_tie_greedy"])
+@pytest.mark.parametrize("policy", [policy for _, policy in SEARCHED], ids=[name for name, _ in SEARCHED])
 def test_search_finds_counterexample(policy):
-    found = find(markov_cases(), lambda case: max_deviation(case, case.exact(policy)) > DEVIATION,
-                 settings=SEARCH)
-    assert max_deviation(found, found.exact(policy)) > DEVIATION
-    # and the scheduler it tampers with is exact on the very same world
-    assert max_deviation(found, found.exact(Greedy())) < 1e-9
-    assert max_deviation(found, found.exact(DSpark(staleness_steps=1))) < 1e-9
+    found = find(markov_cases(), lambda case: law_deviation(case, case.exact(policy)) > DEVIATION, settings=SEARCH)
+    assert law_deviation(found, found.exact(policy)) > DEVIATION
+    # and the schedulers it tampers with are exact on the very same world
+    assert law_deviation(found, found.exact(Greedy())) < 1e-9
+    assert law_deviation(found, found.exact(DSpark(staleness_steps=1))) < 1e-9
+
+
+def test_search_finds_requests_that_peek_at_each_other():
+    # two requests, each admitting its first draft token on the other's second-position confidence:
+    # the search over joint laws finds it, and in the world it finds every request's own law is exact
+    policy = RingPeek(2)
+    found = find(markov_cases(num_requests=st.integers(2, 4)),
+                 lambda case: law_deviation(case, case.exact(policy)) > DEVIATION, settings=SEARCH)
+    exact = found.exact(policy)
+    assert law_deviation(found, exact) > DEVIATION
+    assert max_deviation(found, exact) < 1e-9  # a search over each request's own law alone cannot see it
+
+
+@sized(60)
+@given(case=markov_cases(num_requests=st.integers(2, 4)))
+def test_a_peek_in_one_direction_is_lossless(case):
+    # request 0 decides on request 1's drafted token, never the other way: an order without cycles
+    assert_lossless(case, OneWayPeek())

@@ -15,7 +15,7 @@ from policies import CostCurve
 from policies.base import Decision, PolicyTraits, StepView, prefix_survival
 from policies.driver import PolicyMemory, active_requests
 from policies.dspark import DSpark
-from policies.greedy import Greedy
+from policies.greedy import Greedy, search_capacity
 from policies.lossless.exact import max_abs_difference, output_distribution, sequence_distribution, verify_branches
 from policies.lossless.sampler import (
     TokenModels,
@@ -144,6 +144,33 @@ def test_memory_keeps_the_last_pools_most_recent_last():
         memory = memory.after(policy, (0,), Decision(lengths=np.zeros(1, int), pool=pool))
     assert [float(p[0, 0]) for p in memory.pools] == [0.2, 0.3]
     assert memory.after(Greedy(), (0,), Decision(np.zeros(1, int), np.ones((1, 2)))).pools == ()
+
+
+# Two stale pools that a full search sizes differently (one request, COST: SPS falls from 1.0 by 0.064 per token)
+OLDER_POOL = np.array([[0.9, 0.8, 0.7]])  # two steps old: K = 3
+NEWER_POOL = np.array([[0.1, 0.0, 0.0]])  # one step old: K = 1
+
+
+@pytest.mark.parametrize("staleness, pool", [(1, NEWER_POOL), (2, OLDER_POOL)], ids=["staleness1", "staleness2"])
+def test_dspark_sizes_capacity_from_the_pool_staleness_steps_old(staleness, pool):
+    # history[-1] is one step old, history[-2] two: staleness 2 must read history[-2] (the paper's two-step
+    # relay), not the fresher pool (still lossless, but another scheduler)
+    view = StepView(confidence=np.full((1, 3), 0.9), cost=COST, history=(OLDER_POOL, NEWER_POOL))
+    assert search_capacity(OLDER_POOL, COST, "tokens_x_sps") == 3
+    assert search_capacity(NEWER_POOL, COST, "tokens_x_sps") == 1
+    assert DSpark(staleness_steps=staleness).decide(view).capacity == search_capacity(pool, COST, "tokens_x_sps")
+
+
+def test_dspark_staleness_two_reads_the_pool_of_two_steps_before_through_the_driver():
+    # the driver hands pools oldest first; after steps with pools OLDER then NEWER, a staleness-2 engine
+    # sizes its next step from OLDER: on Appendix A's world it verifies 3 tokens, staleness 1 verifies 1
+    memory = PolicyMemory()
+    for pool in (OLDER_POOL, NEWER_POOL):
+        memory = memory.after(DSpark(staleness_steps=2), (0,), Decision(lengths=np.zeros(1, int), pool=pool))
+    models = constant_models(confidence=0.9)
+    for staleness, verified in [(2, 3), (1, 1)]:
+        law = output_distribution([models], [()], DSpark(staleness_steps=staleness), COST, 3, 1, memory=memory)
+        assert law.max_verified_tokens == verified
 
 
 def test_memory_hands_back_ema_rows_by_request_and_nan_for_new_ones():

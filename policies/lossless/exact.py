@@ -9,11 +9,24 @@ carried along each branch exactly as :func:`policies.lossless.sampler.generate` 
 
 No sampling: results are sums of float products, exact up to rounding (~1e-15).
 Policies must be pure (the ``Policy`` contract): decisions are cached by input.
+
+*Merging.* Branches that reach the same state are merged (their probabilities
+added), which keeps long runs small. Two branches are in the same state only
+when everything the rest of the run can read is equal: each request's first m
+outputs (what is counted), its model context (what the drafter, confidence and
+target read next) and the policy's whole memory, every field of it (stale pools,
+EMA rows, and whatever :class:`policies.driver.PolicyMemory` may carry later),
+compared value for value by :func:`state_key`. A policy's decision is a function
+of its view, and the view is built from exactly these (plus the step number and
+the request ids, equal along one frontier), so merged branches decide alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,6 +132,36 @@ class ExactDistribution:
         return max(abs(pair.get((a, b), 0.0) - pa * pb) for a, pa in left.items() for b, pb in right.items())
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def state_key(value: object) -> Hashable:
+    """A hashable value equal for two states exactly when they are equal, value for value.
+
+    Arrays compare by dtype, shape and bytes; dataclasses (such as
+    :class:`policies.driver.PolicyMemory`) by *every* field, so a field added to the
+    memory is part of the key without an edit here; mappings by sorted items;
+    floats by their exact bits (``-0.0`` and ``0.0`` stay apart, as a policy could
+    tell them apart). A type it does not know is an error, never silently left out.
+    """
+    if isinstance(value, np.ndarray):
+        return "array", value.dtype.str, value.shape, value.tobytes()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__qualname__, tuple((name, state_key(getattr(value, name)))
+                                               for name in _field_names(type(value)))
+    if isinstance(value, Mapping):
+        return "mapping", tuple(sorted((state_key(k), state_key(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):
+        return type(value).__name__, tuple(state_key(item) for item in value)
+    if isinstance(value, (float, np.floating)):
+        return "float", float(value).hex()
+    if value is None or isinstance(value, (bool, int, str, np.integer, np.bool_)):
+        return type(value).__name__, value
+    raise TypeError(f"state_key: cannot compare policy state of type {type(value).__name__} value for value")
+
+
 def max_abs_difference(first: Mapping, second: Mapping) -> float:
     """max |first[x] - second[x]| over the union of keys (missing keys count as 0)."""
     return max(abs(first.get(key, 0.0) - second.get(key, 0.0)) for key in set(first) | set(second))
@@ -128,13 +171,19 @@ class _Enumeration:
     """Caches and the branch expansion of one exact run (draft blocks, decisions, verifications)."""
 
     def __init__(self, models: Sequence[TokenModels], prompts: Sequence[Prefix], policy: Policy,
-                 cost: CostSource, num_draft: int, context: Callable[[Prefix], Hashable]) -> None:
+                 cost: CostSource, num_draft: int, context: Callable[[Prefix], Hashable], num_tokens: int,
+                 merge: bool) -> None:
         self.models, self.prompts, self.policy, self.cost = models, prompts, policy, cost
-        self.num_draft, self.context = num_draft, context
+        self.num_draft, self.context, self.num_tokens, self.merge = num_draft, context, num_tokens, merge
         self.drafts: dict[tuple[int, Hashable], list[tuple[float, DraftBlock]]] = {}
         self.verifies: dict[tuple[int, Hashable, Prefix], list[Branch]] = {}
-        self.decisions: dict[tuple, tuple[np.ndarray, PolicyMemory, tuple]] = {}
+        self.grows: dict[tuple[int, Prefix, Prefix], list[tuple[float, Prefix]]] = {}
+        self.decisions: dict[tuple, tuple[np.ndarray, PolicyMemory, Hashable]] = {}
         self.max_verified = 0
+
+    def request_key(self, request: int, out: Prefix) -> Hashable:
+        """What the rest of the run reads from one request's outputs: the counted ones and the model context."""
+        return out[:self.num_tokens], self.context(tuple(self.prompts[request]) + out)
 
     def draft_options(self, request: int, prefix: Prefix) -> list[tuple[float, DraftBlock]]:
         key = (request, self.context(prefix))
@@ -143,7 +192,7 @@ class _Enumeration:
         return self.drafts[key]
 
     def decide(self, ids: tuple[int, ...], confidence: np.ndarray, memory: PolicyMemory,
-               memory_key: tuple) -> tuple[np.ndarray, PolicyMemory, tuple]:
+               memory_key: Hashable) -> tuple[np.ndarray, PolicyMemory, Hashable]:
         """Lengths [R], next memory and its key, for one joint draft outcome."""
         key = (ids, confidence.tobytes(), memory_key)
         if key not in self.decisions:
@@ -151,7 +200,7 @@ class _Enumeration:
             decision = self.policy.decide(view)
             lengths = check_decision(self.policy, decision, len(ids), self.num_draft)
             after = memory.after(self.policy, ids, decision)
-            self.decisions[key] = (lengths, after, after.key())
+            self.decisions[key] = (lengths, after, state_key(after))
             self.max_verified = max(self.max_verified, int(lengths.sum()))
         return self.decisions[key]
 
@@ -163,38 +212,62 @@ class _Enumeration:
             self.verifies[key] = verify_branches(rows, block.draft_probs, verified)
         return self.verifies[key]
 
-    def step(self, ids: tuple[int, ...], outputs: Outputs, memory: PolicyMemory, memory_key: tuple,
-             prob: float) -> Iterator[tuple[Outputs, PolicyMemory, tuple, float]]:
+    def grown_options(self, request: int, out: Prefix, prefix: Prefix, block: DraftBlock,
+                      length: int) -> list[tuple[float, Prefix]]:
+        """One request's outputs after verifying ``length`` draft tokens, with probabilities.
+
+        When merging, outcomes that leave the request in the same state (same
+        :meth:`request_key`) are added up here already, before the product over
+        requests: the other requests' outcomes are independent of which it was.
+        """
+        key = (request, out, block.tokens[:length])
+        if key not in self.grows:
+            options = [(prob, out + tokens) for prob, tokens in self.verify_options(request, prefix, block, length)]
+            if self.merge:
+                merged: dict[Hashable, tuple[float, Prefix]] = {}
+                for prob, grown in options:
+                    state = self.request_key(request, grown)
+                    held = merged.get(state)
+                    merged[state] = (prob + held[0], held[1]) if held else (prob, grown)
+                options = list(merged.values())
+            self.grows[key] = options
+        return self.grows[key]
+
+    def step(self, ids: tuple[int, ...], outputs: Outputs, memory: PolicyMemory, memory_key: Hashable,
+             prob: float) -> Iterator[tuple[Outputs, PolicyMemory, Hashable, float]]:
         """Every successor (outputs, memory, memory key, probability) of one engine step."""
         prefixes = [tuple(self.prompts[r]) + outputs[r] for r in ids]
         for combo in itertools.product(*(self.draft_options(r, pre) for r, pre in zip(ids, prefixes, strict=True))):
             confidence = np.array([block.confidence for _, block in combo]).reshape(len(ids), self.num_draft)
             lengths, next_memory, next_key = self.decide(ids, confidence, memory, memory_key)
-            draft_prob = prob * float(np.prod([p for p, _ in combo]))
-            results = [self.verify_options(r, pre, block, length)
+            draft_prob = prob * math.prod([p for p, _ in combo])
+            results = [self.grown_options(r, outputs[r], pre, block, int(length))
                        for r, pre, (_, block), length in zip(ids, prefixes, combo, lengths, strict=True)]
             for outcome in itertools.product(*results):
-                branch_prob = draft_prob * float(np.prod([p for p, _ in outcome]))
+                branch_prob = draft_prob * math.prod([p for p, _ in outcome])
                 if branch_prob > 0.0:
-                    emitted = dict(zip(ids, (tokens for _, tokens in outcome), strict=True))
-                    grown = tuple(out + emitted.get(r, ()) for r, out in enumerate(outputs))
-                    yield grown, next_memory, next_key, branch_prob
+                    grown = list(outputs)
+                    for r, (_, out) in zip(ids, outcome, strict=True):
+                        grown[r] = out
+                    yield tuple(grown), next_memory, next_key, branch_prob
 
 
 def output_distribution(models: Sequence[TokenModels], prompts: Sequence[Prefix], policy: Policy,
                         cost: CostSource, gamma: int, num_tokens: int, join_steps: Sequence[int] | None = None,
                         retire: bool = False, memory: PolicyMemory | None = None,
                         context: Callable[[Prefix], Hashable] | None = None,
-                        max_states: int = 200_000) -> ExactDistribution:
+                        max_states: int = 200_000, merge: bool = True) -> ExactDistribution:
     """Exact joint distribution of the first ``num_tokens`` output tokens of every request.
 
     Arguments mean what they mean for :func:`policies.lossless.sampler.generate`
     (``memory``: the policy's state before the first step, default a fresh engine).
     Branches whose requests agree on their first ``num_tokens`` outputs and on
-    their *context*, and whose policy memories are equal, are merged. The context
-    of a prefix is the whole prefix unless ``context`` says what of it the three
-    model functions read (for Markov models: its last token), which keeps long
-    runs small. ``max_states`` bounds the branches held per step.
+    their *context*, and whose policy memories are equal in every field, are
+    merged (see the module docstring). The context of a prefix is the whole prefix
+    unless ``context`` says what of it the three model functions read (for Markov
+    models: its last token), which keeps long runs small. ``merge=False`` keeps
+    every branch apart (a slow reference for the merging itself). ``max_states``
+    bounds the branches held per step.
     """
     if len(models) != len(prompts) or not prompts or num_tokens < 1:
         raise ValueError(f"output_distribution: expected one model per prompt (>= 1) and num_tokens >= 1, got "
@@ -203,22 +276,29 @@ def output_distribution(models: Sequence[TokenModels], prompts: Sequence[Prefix]
         raise ValueError(f"policy {policy.name!r} reads true outcomes; it is a bound, not a runnable policy")
     joins = tuple(join_steps) if join_steps is not None else (0,) * len(prompts)
     read = context if context is not None else (lambda prefix: prefix)
-    run = _Enumeration(models, prompts, policy, cost, policy.draft_tokens(gamma), read)
+    run = _Enumeration(models, prompts, policy, cost, policy.draft_tokens(gamma), read, num_tokens, merge)
 
-    def branch_key(outputs: Outputs, memory_key: tuple) -> tuple:
-        return tuple((out[:num_tokens], read(tuple(prompts[r]) + out)) for r, out in enumerate(outputs)), memory_key
+    apart = itertools.count()
+
+    def branch_key(outputs: Outputs, memory_key: Hashable) -> Hashable:
+        """Everything the rest of the run reads from a branch: counted outputs, model contexts, full memory."""
+        if not merge:
+            return next(apart)
+        return tuple(run.request_key(r, out) for r, out in enumerate(outputs)), memory_key
 
     joint: dict[Outputs, float] = defaultdict(float)
     empty = tuple(() for _ in prompts)
     start = memory if memory is not None else PolicyMemory()
+    start_key = state_key(start)
     # branch key -> (outputs, memory, memory key, probability); outputs of merged branches agree on what matters
-    frontier = {branch_key(empty, start.key()): (empty, start, start.key(), 1.0)}
+    frontier: dict[Hashable, tuple[Outputs, PolicyMemory, Hashable, float]] = {
+        branch_key(empty, start_key): (empty, start, start_key, 1.0)}
     step = 0
     while frontier:
         if len(frontier) > max_states:
             raise ValueError(f"output_distribution: {len(frontier)} branches at step {step} exceed "
                              f"max_states={max_states}; use a smaller vocabulary, gamma or num_tokens")
-        grown: dict[tuple, tuple[Outputs, PolicyMemory, tuple, float]] = {}
+        grown: dict[Hashable, tuple[Outputs, PolicyMemory, Hashable, float]] = {}
         for outputs, branch_memory, memory_key, prob in frontier.values():
             ids = active_requests(step, [len(out) for out in outputs], joins, num_tokens, retire)
             successors = run.step(ids, outputs, branch_memory, memory_key, prob) if ids else \
