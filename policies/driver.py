@@ -63,6 +63,8 @@ class PolicyMemory:
     def after(self, policy: Policy, request_ids: Sequence[int], decision: Decision) -> PolicyMemory:
         """The memory for the next step once ``decision`` was taken for ``request_ids``."""
         keep = policy.history_steps
+        if keep <= 0 and decision.smoothed is None and not self.pools and not self.smoothed:
+            return self  # nothing to carry (an engine asks every step): the same empty memory
         pools = (self.pools + (_frozen(decision.pool),))[-keep:] if keep > 0 else ()
         smoothed: Mapping[int, np.ndarray] = MappingProxyType({})
         if decision.smoothed is not None:

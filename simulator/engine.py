@@ -13,7 +13,13 @@ of simulated time (:mod:`simulator.costs.profile` says what T_verify holds),
 then give every decoding request min(l_r, accepted_r) + 1 tokens (never more
 than it still needs) and advance the chunks; a request whose prefill completes
 emits its first token at the end of that step. State lives in arrays over the
-requests; nothing here loops over requests or tokens in Python.
+requests (:mod:`simulator.decode_set`); nothing here loops over requests or tokens in Python.
+
+Running ahead: a step that ends before any other scheduled event, and whose
+end nobody else sees (it finishes no request, completes no prefill and cannot
+preempt into the cluster's prefill pool), is applied without a SimPy round
+trip; the engine's clock ``now`` runs ahead of ``env.now`` until it schedules
+a step at exactly the time the plain loop would. Same steps, times and order.
 
 Modes (``cluster.mode``): ``disaggregated`` - requests arrive prefilled from
 the cluster's prefill pool; ``chunked`` - requests arrive unprefilled and the
@@ -34,12 +40,17 @@ from simpy.events import Event
 from policies import Policy, PolicyMemory, check_decision
 from simulator.acceptance import AcceptanceSource
 from simulator.acceptance.online import OnlineAcceptanceEstimator
-from simulator.batch import RequestColumns, StepLog, StepPlan, prefill_chunks
+from simulator.acceptance.parametric import AcceptanceModel
+from simulator.batch import RequestColumns, StepLog, prefill_chunks
 from simulator.costs.step_cost import StepPricer
+from simulator.decode_set import DecodeSet, add_counters
+from simulator.decode_step import DecodeStep, LengthCounts
 from simulator.kv import KVAccount, survivors
 from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
+from simulator.sample_ahead import SampleAhead
 from simulator.specs import EngineLimits, PrefillMode
+from simulator.step_memo import NoDraftDecisions, StepCostMemo
 
 __all__ = ["STEP_END_PRIORITY", "DecodeEngine", "StepLog"]
 
@@ -47,6 +58,8 @@ __all__ = ["STEP_END_PRIORITY", "DecodeEngine", "StepLog"]
 # (simpy's NORMAL priority is 1), so requests that arrive or finish prefill at
 # exactly that time join the very next step.
 STEP_END_PRIORITY = 2
+MAX_RUN_AHEAD_STEPS = 64  # steps an engine applies in a row without a SimPy round trip (0: never runs ahead)
+SAMPLE_AHEAD = True  # the parametric model samples several steps of an unchanged batch at once
 
 
 class _StepEnd(Event):
@@ -85,17 +98,25 @@ class DecodeEngine:
         self.kv = KVAccount(limits)
         self.needs_context = self.pricer.needs_context or self.kv.paged or steps.detailed
         self.waiting: deque[int] = deque()
-        # Decoding requests in admission order; counters are written to the store when they leave.
-        self.decode = RequestColumns("ids", "remaining", "held", "num_steps", "num_verified", "num_accepted")
+        self.decode = DecodeSet()  # decoding requests in admission order; counters go to the store when they leave
         # Requests being prefilled here (chunked mode), in admission order: tokens computed and to compute.
         self.prefill = RequestColumns("ids", "done", "target", "held")
         self._resume: dict[int, int] = {}  # preempted request -> output tokens it still needs
         self.memory = PolicyMemory()  # stale pools and EMA rows the policy carries between steps
         self.estimator = estimator  # acceptance.confidence.source=online: the policy's confidences, learned
-        # Histograms over request-steps of l_r and of accepted draft tokens (0..g);
-        # per-position acceptance follows from their reverse cumulative sums.
-        self.verified_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
-        self.accepted_length_counts = np.zeros(self.draft_tokens + 1, dtype=np.int64)
+        self.now = env.now  # the engine's clock: env.now, or ahead of it while running ahead (see _run)
+        # Its plans may hand preempted requests to the cluster, which must happen at env.now.
+        self._runs_ahead = not (self.kv.paged and mode == "disaggregated")
+        # The parametric model does not read the requests' positions in their outputs, and samples ahead.
+        parametric = (type(acceptance).sample_step is AcceptanceModel.sample_step
+                      and type(acceptance).sample_steps is AcceptanceModel.sample_steps)
+        self._reads_position = not parametric
+        self._ahead = SampleAhead(acceptance, rng, self.draft_tokens) if (
+            SAMPLE_AHEAD and parametric and self.draft_tokens) else None
+        self.costs = StepCostMemo(self.pricer, steps.detailed)
+        self._no_drafts = NoDraftDecisions(policy, self.budget) if NoDraftDecisions.apply_to(
+            policy, self.draft_tokens, estimator is not None, self.pricer) else None
+        self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
 
@@ -113,6 +134,16 @@ class DecodeEngine:
     def kv_used(self) -> int:
         """KV in use: tokens (reserve mode) or blocks (paged mode)."""
         return self.kv.used
+
+    @property
+    def verified_length_counts(self) -> np.ndarray:
+        """Measured request-steps by verified draft tokens l_r -> [g + 1]."""
+        return self.length_counts.verified
+
+    @property
+    def accepted_length_counts(self) -> np.ndarray:
+        """Measured request-steps by accepted draft tokens (counted to the request's end) -> [g + 1]."""
+        return self.length_counts.accepted
 
     def submit(self, request_id: int) -> None:
         store = self.store
@@ -176,64 +207,97 @@ class DecodeEngine:
     def _start_decoding(self, ids: np.ndarray, remaining: np.ndarray, held: np.ndarray) -> None:
         store = self.store
         first = np.isnan(store.decode_start_at[ids])
-        store.decode_start_at[ids[first]] = self.env.now
+        store.decode_start_at[ids[first]] = self.now
         store.engine[ids] = self.engine_id
-        zeros = np.zeros(ids.size, dtype=np.int64)
-        self.decode.append(ids=ids, remaining=remaining, held=held, num_steps=zeros, num_verified=zeros,
-                           num_accepted=zeros)
+        self.decode.add(store, ids, remaining, held)
 
     # ------------------------------------------------------------------ the step loop
 
     def _run(self):
+        env = self.env
         while True:
-            if self.mode == "disaggregated":
-                self._admit_decoding()
-            plan = self._plan()
+            self.now = env.now
+            plan = self._next_plan()
             if plan is None:
-                self._wakeup = self.env.event()
+                self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
                 continue
-            yield _StepEnd(self.env, plan.draft_s + plan.sched_s + plan.cost.verify_s)
-            self._apply(plan)
+            for _ in range(MAX_RUN_AHEAD_STEPS):  # steps whose end nobody else sees: no SimPy round trip
+                if not self._may_run_ahead(plan):
+                    break
+                self._apply(plan, plan.start_at + plan.duration_s)
+                plan = self._next_plan()
+                assert plan is not None, "only a finish or a completed prefill empties an engine"
+            delay_s = plan.duration_s
+            if plan.start_at != env.now:  # ran ahead: the timeout must end where the plain loop's would
+                end_at = plan.start_at + delay_s
+                if env.now + (end_at - env.now) == end_at:
+                    delay_s = end_at - env.now
+                else:  # catch up with the step's start first, exactly (start <= 2 env.now: Sterbenz' lemma)
+                    yield _StepEnd(env, plan.start_at - env.now)
+            yield _StepEnd(env, delay_s)
+            self._apply(plan, env.now)
 
-    def _plan(self) -> StepPlan | None:
+    def _may_run_ahead(self, plan: DecodeStep) -> bool:
+        """Whether a planned step can be applied now, ahead of ``env.now``: it ends before every other scheduled
+        event (ties go to them), calls back no one (finishes no request, completes no prefill), and ends at most
+        at twice ``env.now``, so that the engine can schedule its next step exactly where the plain loop would."""
+        end_at = plan.start_at + plan.duration_s
+        return (self._runs_ahead and not plan.ends_request and not plan.completes_prefill
+                and end_at < self.env.peek() and end_at <= 2.0 * self.env.now)
+
+    def _next_plan(self) -> DecodeStep | None:
+        if self.waiting and self.mode == "disaggregated":
+            self._admit_decoding()
+        return self._plan()
+
+    def _plan(self) -> DecodeStep | None:
         """Decide the step: decode lengths, KV (preempting if needed), prefill chunks, and its cost."""
-        plan = StepPlan(start_at=self.env.now)
+        plan = DecodeStep(start_at=self.now)
         if self.decode.size:
             self._decide(plan)
         if self.mode == "chunked":
             room = self.budget - plan.decode_tokens  # type: ignore[operator]
             if room > 0:
                 self._admit_prefilling(room - int((self.prefill.target - self.prefill.done).sum()))
-            plan.chunks = prefill_chunks(self.prefill.target - self.prefill.done, max(room, 0))
+            left = self.prefill.target - self.prefill.done
+            plan.chunks = prefill_chunks(left, max(room, 0))
+            plan.completes_prefill = bool((plan.chunks == left).any())
         if plan.num_requests == 0 and not (plan.chunks.size and plan.chunks.any()):
             return None
-        plan.cost = self.pricer.verify(plan.lengths, plan.decode_tokens, plan.context_tokens, self.prefill.done,
-                                       plan.chunks, self.steps.detailed)
+        plan.cost = self.costs.verify(plan, self.prefill.done)
         return plan
 
-    def _decide(self, plan: StepPlan) -> None:
-        store, policy, g, decode = self.store, self.policy, self.draft_tokens, self.decode
+    def _decide(self, plan: DecodeStep) -> None:
+        policy, g, decode = self.policy, self.draft_tokens, self.decode
         ids = decode.ids
-        decoded_tokens = store.output_tokens[ids] - 1 - decode.remaining  # after the prefill's first token
-        signal, accepted = self.acceptance.sample_step(
-            self.rng, store.domain_idx[ids], store.difficulty[ids], g, decoded_tokens)
-        # The online estimate has learned from earlier steps' verified outcomes only (non-anticipating).
-        confidence = signal if self.estimator is None else self.estimator.estimate(signal)
-        context = store.prompt_tokens[ids] + decoded_tokens if self.needs_context else None  # KV before the step
+        context = decode.prompt_tokens + decode.decoded_tokens() if self.needs_context else None  # KV before
         draft_s, sched_s, cost = self.pricer.before_decision(ids.size, context)
-        view = self.memory.view(ids, confidence, cost, accepted if policy.needs_outcomes else None,
-                                token_budget=self.budget)
-        decision = policy.decide(view)
-        lengths = check_decision(policy, decision, ids.size, g, self.budget)
+        signal = None
+        if self._no_drafts is not None:
+            decision, lengths, accepted = self._no_drafts.decide(self.memory, ids, cost)
+        else:
+            if self._ahead is not None:
+                signal, accepted = self._ahead.next_step(decode)
+            else:
+                decoded_tokens = decode.decoded_tokens() if self._reads_position else None
+                signal, accepted = self.acceptance.sample_step(self.rng, decode.domain_idx, decode.difficulty, g,
+                                                               decoded_tokens)
+            # The online estimate has learned from earlier steps' verified outcomes only (non-anticipating).
+            confidence = signal if self.estimator is None else self.estimator.estimate(signal)
+            view = self.memory.view(ids, confidence, cost, accepted if policy.needs_outcomes else None,
+                                    token_budget=self.budget)
+            decision = policy.decide(view)
+            lengths = check_decision(policy, decision, ids.size, g, self.budget)
         plan.decided(ids, decision, lengths, accepted, context, draft_s, sched_s)
         if self.kv.paged:
             before = decode.size + self.prefill.size
             plan.keep_oldest(self._allocate_step(context, lengths))  # type: ignore[arg-type]
             plan.num_preempted = before - decode.size - self.prefill.size
-        if self.estimator is not None:  # the verified outcomes of this step's requests, for later steps
+        if self.estimator is not None and signal is not None:  # this step's verified outcomes, for later steps
             self.estimator.update(signal[: plan.num_requests], plan.lengths, plan.accepted)
+        plan.settle(decode.remaining, drafts=g > 0)
 
     def _allocate_step(self, context: np.ndarray, lengths: np.ndarray) -> int:
         """Paged mode: blocks for the slots this step writes; preempts the newest requests (prefilling ones first,
@@ -262,7 +326,7 @@ class DecodeEngine:
         store = self.store
         gone = self.decode.split(keep)
         ids = gone["ids"]
-        self._write_counters(ids, gone)
+        add_counters(store, gone)
         self.kv.used -= int(gone["held"].sum())
         store.num_preemptions[ids] += 1
         self._resume.update(zip(ids.tolist(), gone["remaining"].tolist(), strict=True))
@@ -275,56 +339,46 @@ class DecodeEngine:
     def write_counters(self) -> None:
         """Write the decoding requests' counters so far to the store (at the end of a run, so that unfinished
         requests show their steps, verified and accepted tokens); the engine counts on from zero."""
-        decode = self.decode
-        self._write_counters(decode.ids, {name: getattr(decode, name) for name in decode.names})
-        zeros = np.zeros(decode.size, dtype=np.int64)
-        decode.num_steps, decode.num_verified, decode.num_accepted = zeros, zeros.copy(), zeros.copy()
-
-    def _write_counters(self, ids: np.ndarray, columns: dict[str, np.ndarray]) -> None:
-        store = self.store
-        store.num_steps[ids] += columns["num_steps"]
-        store.num_verified_tokens[ids] += columns["num_verified"]
-        store.num_accepted_tokens[ids] += columns["num_accepted"]
+        add_counters(self.store, self.decode.counters())
+        self.decode.reset_counters()
 
     # ------------------------------------------------------------------ applying a step
 
-    def _apply(self, plan: StepPlan) -> None:
-        now, decode = self.env.now, self.decode
+    def _apply(self, plan: DecodeStep, now: float) -> None:
+        """The step has ended at ``now``: tokens, counters, the policy's memory, the step log, finishes, chunks."""
+        self.now, decode = now, self.decode
         emitted_sum = good_sum = 0
         if plan.num_requests:
-            # Accepted draft tokens among the verified ones, counted only up to the request's end (tokens accepted
-            # past it are never emitted): a request-step emits its counted accepted tokens + 1.
-            good = np.minimum(np.minimum(plan.lengths, plan.accepted), decode.remaining - 1)
-            emitted = good + 1
-            decode.remaining = decode.remaining - emitted
-            decode.num_steps += 1
-            decode.num_verified += plan.lengths
-            decode.num_accepted += good
-            if now > self.measure_from_s:
-                self.verified_length_counts += np.bincount(plan.lengths, minlength=self.draft_tokens + 1)
-                self.accepted_length_counts += np.bincount(good, minlength=self.draft_tokens + 1)
-            emitted_sum, good_sum = int(emitted.sum()), int(good.sum())
+            measured = now > self.measure_from_s
+            if plan.good is None:  # no draft tokens
+                decode.step_done(None, None, None)
+                if measured:
+                    self.length_counts.add_without_drafts(plan.num_requests)
+            else:
+                decode.step_done(plan.lengths, plan.good, plan.remaining_after)
+                good_sum = int(plan.good.sum())
+                if measured:
+                    self.length_counts.add(plan.lengths, plan.good)
+            emitted_sum = good_sum + plan.num_requests
         if plan.decision is not None:
             self.memory = self.memory.after(self.policy, plan.decided_ids, plan.decision)
         self.steps.record(self.engine_id, plan, now, emitted_sum, good_sum, self.budget)
-        if plan.num_requests:
-            done = decode.remaining == 0
-            if done.any():
-                self._finish(decode.take(done))
+        if plan.ends_request:
+            self._finish(decode.take(decode.remaining == 0), now)
         if plan.chunks.size and plan.chunks.any():
-            self._advance_prefill(plan)
+            self._advance_prefill(plan, now)
 
-    def _finish(self, gone: dict[str, np.ndarray]) -> None:
+    def _finish(self, gone: dict[str, np.ndarray], now: float) -> None:
         finished = gone["ids"]
-        self.store.finished_at[finished] = self.env.now
-        self._write_counters(finished, gone)
+        self.store.finished_at[finished] = now
+        add_counters(self.store, gone)
         self.kv.used -= int(gone["held"].sum())
         self.on_finish(finished)
 
-    def _advance_prefill(self, plan: StepPlan) -> None:
+    def _advance_prefill(self, plan: DecodeStep, now: float) -> None:
         """Chunks computed: requests whose prefill completed emit their first token (unless recomputing) and
         decode from the next step; single-token requests finish here."""
-        store, now = self.store, self.env.now
+        store = self.store
         prefill, chunks = self.prefill, plan.chunks
         started = prefill.ids[(chunks > 0) & (prefill.done == 0)]
         store.prefill_start_at[started[np.isnan(store.prefill_start_at[started])]] = plan.start_at
