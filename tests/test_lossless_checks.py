@@ -26,6 +26,7 @@ from policies.lossless.exact import ExactDistribution, max_abs_difference, state
 from policies.lossless.laws import failed_checks, law_gaps
 from tests.lossless_policies import EmaGated, PoolGated, RingPeek, XorPeek
 from tests.lossless_strategies import APPENDIX_A, TOLERANCE, MarkovCase, assert_lossless
+from tests.lossless_worlds import late_join_worlds, sparse_world
 
 
 def appendix_a_family(p_second: float = 0.3, num_requests: int = 1) -> MarkovCase:
@@ -120,15 +121,15 @@ def test_memory_gated_lossy_policy_is_caught(policy):
         assert_lossless(APPENDIX_A_TWO_TOKENS, policy)
 
 
-@pytest.mark.parametrize("policy", [PoolGated(), EmaGated(), DSpark(staleness_steps=2, ema_decay=0.5),
-                                    DSpark(staleness_steps=1)], ids=["pool_gated", "ema_gated", "dspark2_ema",
-                                                                     "dspark1"])
+@pytest.mark.parametrize("policy", [PoolGated(), EmaGated(), GlobalSync(), DSpark(staleness_steps=2, ema_decay=0.5),
+                                    DSpark(staleness_steps=1)],
+                         ids=["pool_gated", "ema_gated", "global_sync", "dspark2_ema", "dspark1"])
 def test_merging_changes_no_law(policy):
-    # small catalogue worlds, every branch kept apart as the reference
-    from tests.lossless_worlds import late_join_worlds, sparse_world
-
+    # small worlds, every branch kept apart as the reference; in the last, request 0 is done after step 1 but
+    # keeps drafting while request 1 joins at step 2: its context (not its counted output) drives the decisions
     cases = [sparse_world(11, 1, 2, (1,), num_tokens=3), sparse_world(12, 2, 2, (1,), num_tokens=2),
-             sparse_world(13, 1, 3, (1, 2), num_tokens=2, warm=False), late_join_worlds()[0].case]
+             sparse_world(13, 1, 3, (1, 2), num_tokens=2, warm=False), late_join_worlds()[0].case,
+             sparse_world(23, 2, 2, (1,), num_tokens=2, join_steps=(0, 2))]
     for case in cases:
         merged, apart = case.exact(policy), case.exact(policy, merge=False)
         assert max_abs_difference(merged.joint, apart.joint) < 1e-12
