@@ -367,6 +367,7 @@ def serve(spec: ServingSpec, models: ServingModels) -> ServingResults:
         "lossless": bool(spec.policy.lossless),
         "drafter": models.drafter.kind,
         "gamma": spec.gamma,
+        "acceptance": {"source": "real", "drafter": models.drafter.kind},  # the models' own verification
         "models": models.description,
         "prefill": spec.prefill,
         "seed": spec.seed,
