@@ -241,6 +241,7 @@ def test_profile_passes_combine_by_element_wise_median() -> None:
         median_profile([first, profile_from_dict(short)])
 
 
+@pytest.mark.slow  # about a minute of real serving: CI's second step
 def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     """The CLI on a tiny setup: random tiny models, 2 and 4 users, 2 s per point in two rounds, short outputs."""
     out = tmp_path / "validation"
