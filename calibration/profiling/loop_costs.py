@@ -9,7 +9,8 @@ with each other (caches and predictors hold the other model's state) and attend
 over each request's real context, padded to the longest in the batch, which
 grows with the number of requests R. :func:`measure_loop_costs` runs the serving
 loop itself with static policies (``mtp1`` and ``mtp<gamma>``, random prompts,
-the workload's lengths) at several concurrencies and measures:
+the workload's lengths) at several concurrencies R, longer by the R first
+prefills that fill the batch, and measures on the steps with the whole batch:
 
 * ``draft_factor[R, g]``: median of in-loop drafter seconds / the isolated draft
   table, for g = 1 and gamma;
@@ -143,19 +144,30 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
                          f"{isolated.max_batch_tokens} batch tokens")
     frames, prefill_ratios = [], []
     for r in probed:
+        # The r users' first prefills go one after the other: the decode clock waits for them before the batch is
+        # full (long prompts make that a large part of a short probe), so the probe runs that much longer.
+        ramp_s = r * float(isolated.prefill_s(lengths.prompt_median_tokens))
         for k in gammas:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
             spec = ServingSpec(make_policy(f"mtp{k}"), gamma, traffic, EngineLimits(r, 1_000_000),
-                               duration_s=duration_s, warmup_s=warmup_s, seed=seed)
+                               duration_s=duration_s + ramp_s, warmup_s=warmup_s + ramp_s, seed=seed)
             result = serve(spec, models)
             done = result.requests.dropna(subset=["first_token_at"])
             prefill_ratios.append((done["first_token_at"] - done["prefill_start_at"])
                                   / isolated.prefill_s(done["prompt_tokens"].to_numpy()))
             steps = result.steps
             cycle_s = steps["end_at"].diff()  # end of the previous step to the end of this one
-            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r)[steps["start_at"] >= warmup_s])
+            measured = steps["start_at"] >= warmup_s + ramp_s
+            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r)[measured])
     s = pd.concat(frames, ignore_index=True)
+    # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is prefilled again;
+    # those would price R = r with a smaller batch's costs.
+    s = s[s["num_requests"] == s["users"]]
+    missing = [(r, k) for r in probed for k in gammas if not ((s["users"] == r) & (s["draft_tokens"] == k)).any()]
+    if missing:
+        raise ValueError(f"the loop probe ran no step with a full batch at (users, draft tokens) {missing}; "
+                         "lengthen the probe (duration_s)")
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, c / r) for r, g, c in
                           zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], strict=True)])
     iso_verify = np.array([isolated.verify_s(r, b) + _attention_s(isolated, r, k, c, m) for r, b, k, c, m in
