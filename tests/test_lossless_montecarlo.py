@@ -147,7 +147,7 @@ def test_dense_world_rejects_global_sync():
 @pytest.mark.parametrize("policy", [policy for _, policy in lossless_variants()],
                          ids=[name for name, _ in lossless_variants()])
 def test_dense_worlds_follow_the_targets_for_every_lossless_policy(policy):
-    for seed in (302, 303, 304):
+    for seed in (302, 303, 309):  # worlds whose first tokens are not all certain
         case = dense_world(seed)
         if not runs_in(policy, case):
             continue
