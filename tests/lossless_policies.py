@@ -28,7 +28,7 @@ from policies.greedy import early_stop_count, search_capacity
 # --- every registered policy ------------------------------------------------------------------------
 
 FLOAT_VALUES = (0.0, 0.5, 0.8, 1.0)  # for float parameters; values a policy refuses are left out
-SKIPPED = {}  # name -> why the bench does not run it (filled by registered_variants)
+BOUND = "reads the true acceptance outcomes: an upper bound, not a runnable scheduler"
 
 
 def _values(annotation: object, default: object) -> list[object]:
@@ -40,8 +40,9 @@ def _values(annotation: object, default: object) -> list[object]:
     base = args[0] if args else annotation
     if base is bool:
         values: list[object] = [False, True]
-    elif base is int:
-        values = list(range(0, int(default) + 2)) if isinstance(default, int) else [0, 1, 2]
+    elif base is int:  # the small values (0 is often a boundary) and the default's neighbours
+        near = {default - 1, default + 1} if isinstance(default, int) else set()
+        values = sorted(v for v in {0, 1, 2} | near if v >= 0)
     elif base is float:
         values = list(FLOAT_VALUES)
     else:
@@ -49,17 +50,20 @@ def _values(annotation: object, default: object) -> list[object]:
     return values + ([None] if optional else [])
 
 
-def registered_variants() -> list[tuple[str, Policy]]:
-    """(id, policy) for every runnable registered policy: defaults, then one parameter changed at a time.
+def skipped_policies() -> dict[str, str]:
+    """Registered policies the bench does not run, with the reason.
 
     Policies that read true outcomes (``needs_outcomes``, the oracle) are upper
-    bounds, not schedulers: no engine can run them, so there is no law to check;
-    they are recorded in :data:`SKIPPED` instead.
+    bounds, not schedulers: no engine can run them, so there is no law to check.
     """
+    return {name: BOUND for name, cls in policy_classes().items() if cls.needs_outcomes}
+
+
+def registered_variants() -> list[tuple[str, Policy]]:
+    """(id, policy) for every runnable registered policy: defaults, then one parameter changed at a time."""
     variants: dict[str, Policy] = {}
     for name, cls in policy_classes().items():
-        if cls.needs_outcomes:
-            SKIPPED[name] = "reads the true acceptance outcomes: an upper bound, not a runnable scheduler"
+        if name in skipped_policies():
             continue
         default = cls()
         variants[repr(default)] = default
