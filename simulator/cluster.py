@@ -177,7 +177,8 @@ class Cluster:
             engine = self.engines[self._next_engine]
             self._next_engine = (self._next_engine + 1) % len(self.engines)
             return engine
-        return min(self.engines, key=lambda e: (e.load, e.engine_id))
+        loads = [engine.load for engine in self.engines]
+        return self.engines[loads.index(min(loads))]  # the least loaded; ties to the lowest engine_id
 
     # ------------------------------------------------------------ running
 

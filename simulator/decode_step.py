@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.batch import StepPlan
+from simulator.costs.step_cost import VerifyCost
 
 _BATCH_STEPS = 512  # measured steps whose lengths are counted in one go
 
@@ -26,12 +27,13 @@ class DecodeStep(StepPlan):
         self.good: np.ndarray | None = None
         self.remaining_after: np.ndarray | None = None
         self.ends_request = self.completes_prefill = False
+        self.duration_s = self.end_at = 0.0
 
-    @property
-    def duration_s(self) -> float:
-        """T_draft + T_sched + T_verify."""
-        assert self.cost is not None
-        return self.draft_s + self.sched_s + self.cost.verify_s
+    def priced(self, cost: VerifyCost) -> None:
+        """The target's time is known: the step lasts T_draft + T_sched + T_verify from ``start_at``."""
+        self.cost = cost
+        self.duration_s = self.draft_s + self.sched_s + cost.verify_s
+        self.end_at = self.start_at + self.duration_s
 
     def settle(self, remaining: np.ndarray, drafts: bool) -> None:
         """The outcome of the decided lengths and true outcomes for requests needing ``remaining`` [R] tokens."""

@@ -117,13 +117,9 @@ class DecodeEngine:
         self._no_drafts = NoDraftDecisions(policy, self.budget) if NoDraftDecisions.apply_to(
             policy, self.draft_tokens, estimator is not None, self.pricer) else None
         self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
+        self.load = 0  # requests held (decoding, prefilling, waiting) for the least-loaded router, counted
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
-
-    @property
-    def load(self) -> int:
-        """Requests held (decoding, prefilling and waiting), for the least-loaded router."""
-        return self.decode.size + self.prefill.size + len(self.waiting)
 
     @property
     def resume_remaining(self) -> Mapping[int, int]:
@@ -147,6 +143,7 @@ class DecodeEngine:
 
     def submit(self, request_id: int) -> None:
         store = self.store
+        self.load += 1
         if request_id in self._resume:
             self.waiting.appendleft(request_id)  # back from recomputation: first in line, as vLLM requeues it
         else:
@@ -226,12 +223,12 @@ class DecodeEngine:
             for _ in range(MAX_RUN_AHEAD_STEPS):  # steps whose end nobody else sees: no SimPy round trip
                 if not self._may_run_ahead(plan):
                     break
-                self._apply(plan, plan.start_at + plan.duration_s)
+                self._apply(plan, plan.end_at)
                 plan = self._next_plan()
                 assert plan is not None, "only a finish or a completed prefill empties an engine"
             delay_s = plan.duration_s
             if plan.start_at != env.now:  # ran ahead: the timeout must end where the plain loop's would
-                end_at = plan.start_at + delay_s
+                end_at = plan.end_at
                 if env.now + (end_at - env.now) == end_at:
                     delay_s = end_at - env.now
                 else:  # catch up with the step's start first, exactly (start <= 2 env.now: Sterbenz' lemma)
@@ -243,7 +240,7 @@ class DecodeEngine:
         """Whether a planned step can be applied now, ahead of ``env.now``: it ends before every other scheduled
         event (ties go to them), calls back no one (finishes no request, completes no prefill), and ends at most
         at twice ``env.now``, so that the engine can schedule its next step exactly where the plain loop would."""
-        end_at = plan.start_at + plan.duration_s
+        end_at = plan.end_at
         return (self._runs_ahead and not plan.ends_request and not plan.completes_prefill
                 and end_at < self.env.peek() and end_at <= 2.0 * self.env.now)
 
@@ -266,7 +263,7 @@ class DecodeEngine:
             plan.completes_prefill = bool((plan.chunks == left).any())
         if plan.num_requests == 0 and not (plan.chunks.size and plan.chunks.any()):
             return None
-        plan.cost = self.costs.verify(plan, self.prefill.done)
+        plan.priced(self.costs.verify(plan, self.prefill.done))
         return plan
 
     def _decide(self, plan: DecodeStep) -> None:
@@ -334,6 +331,7 @@ class DecodeEngine:
             self.waiting.extendleft(ids[::-1].tolist())
         else:
             assert self.on_preempt is not None
+            self.load -= ids.size  # recomputed in the cluster's prefill pool, then submitted again
             self.on_preempt(ids, np.array([self._kv_tokens(int(rid)) for rid in ids], dtype=np.int64))
 
     def write_counters(self) -> None:
@@ -373,6 +371,7 @@ class DecodeEngine:
         self.store.finished_at[finished] = now
         add_counters(self.store, gone)
         self.kv.used -= int(gone["held"].sum())
+        self.load -= finished.size
         self.on_finish(finished)
 
     def _advance_prefill(self, plan: DecodeStep, now: float) -> None:
@@ -396,5 +395,6 @@ class DecodeEngine:
         if single.any():
             store.finished_at[ids[single]] = now
             self.kv.used -= int(gone["held"][single].sum())
+            self.load -= int(single.sum())
             self.on_finish(ids[single])
         self._start_decoding(ids[~single], remaining[~single], gone["held"][~single])

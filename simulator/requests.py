@@ -30,11 +30,13 @@ class RequestStore:
             self.columns[name] = np.full(self._capacity, np.nan)
         for name in _INT_COLUMNS + (("num_preemptions",) if track_preemptions else ()):
             self.columns[name] = np.full(self._capacity, -1 if name in ("engine", "user") else 0, dtype=np.int64)
+        self._expose()
 
-    def __getattr__(self, name: str) -> np.ndarray:
-        columns = self.__dict__.get("columns", {})
-        if name in columns:
-            return columns[name]
+    def _expose(self) -> None:
+        """Each column as an attribute (``store.prompt_tokens``), rebound whenever the columns grow."""
+        self.__dict__.update(self.columns)
+
+    def __getattr__(self, name: str) -> np.ndarray:  # only reached for a name that is not a column
         raise AttributeError(name)
 
     def add(self, arrival_at: np.ndarray, domain_idx: np.ndarray, prompt_tokens: np.ndarray,
@@ -64,6 +66,7 @@ class RequestStore:
             grown[: self._capacity] = col
             self.columns[name] = grown
         self._capacity = new_capacity
+        self._expose()
 
     def to_frame(self) -> pd.DataFrame:
         frame = pd.DataFrame({name: col[: self.size] for name, col in self.columns.items()})

@@ -269,3 +269,22 @@ def test_remembered_step_costs_equal_the_pricers(default_profile, padded_slot_s)
         step.decided(np.arange(lengths.size), None, lengths, lengths, None, 0.0, 0.0)  # type: ignore[arg-type]
         want = memo.pricer.verify(lengths, step.decode_tokens, None, np.empty(0, np.int64), step.chunks, False)
         assert memo.verify(step, np.empty(0, np.int64)) == want
+
+
+@pytest.mark.parametrize("options", [
+    {"kv_mode": "paged", "kv_tokens": 4800, "open": True},  # preempted into the prefill pool and back
+    {"mode": "chunked", "kv_mode": "paged", "kv_tokens": 4800, "open": True},  # preempted to waiting
+    {"mode": "chunked", "open": True, "engines": 3},  # single-token requests finish when their prefill completes
+])
+def test_engine_load_counts_every_request_it_holds(small_spec, options):
+    """The router's ``load`` is counted as requests come and go; after every event it equals what each engine
+    holds (decoding, prefilling and waiting)."""
+    from simulator.cluster import Cluster
+
+    cluster = Cluster(case_spec(small_spec, "dspark", options))
+    while not cluster._complete():
+        cluster.env.step()
+        for engine in cluster.engines:
+            assert engine.load == engine.decode.size + engine.prefill.size + len(engine.waiting)
+    if options.get("kv_mode") == "paged":
+        assert cluster.store.num_preemptions[: cluster.store.size].sum() > 0

@@ -149,6 +149,8 @@ class AcceptanceModel:
         for d_idx, (ids, _) in self._by_domain.items():
             if ids.size == 1:
                 self._single[d_idx] = ids[0]
+        self._domain_ready = np.zeros(len(DOMAINS), dtype=bool)  # a domain with one curve, fitted (rebuilt by _fit)
+        self._domain_rows = np.full((len(DOMAINS), 5, gamma), np.nan)  # its _rows
 
     @property
     def drafter(self) -> str:
@@ -186,6 +188,8 @@ class AcceptanceModel:
                                   1.0 / np.sqrt(1.0 + spread**2 * (1.0 - fit.gain)), np.full(self.gamma, scale_a))
             self._fitted[c] = True
         self._rows = np.ascontiguousarray(self._params.transpose(1, 0, 2))
+        self._domain_ready = (self._single >= 0) & self._fitted[self._single]
+        self._domain_rows[self._domain_ready] = self._rows[self._single[self._domain_ready]]
         log.debug("acceptance model %s: %d curve(s) fitted in %.2f s", self.preset.name, len(todo),
                   time.perf_counter() - started)
 
@@ -245,14 +249,17 @@ class AcceptanceModel:
         if g == 0 or num_requests == 0:
             return np.zeros((num_steps, num_requests, g)), np.zeros((num_steps, num_requests), dtype=np.int64)
         # Few numpy calls per call (an engine samples every step, often for a handful of requests).
-        cls = self._single[domain_idx]
         z = difficulty
-        if cls.min() < 0:  # a domain with several curves, or none
-            cls, z = self.request_classes(domain_idx, difficulty)
-        if not self._fitted[cls].all():
-            self._fit(np.unique(cls))
-        rows = self._rows[cls]  # [R, 5, gamma]
-        mu, load0, load1, inv_psd, scale_a = (rows[:, i, :g] for i in range(5))  # each [R, g]
+        if self._domain_ready[domain_idx].all():  # every request's domain has one curve, fitted
+            rows = self._domain_rows[domain_idx]  # [R, 5, gamma]
+        else:
+            cls = self._single[domain_idx]
+            if cls.min() < 0:  # a domain with several curves, or none
+                cls, z = self.request_classes(domain_idx, difficulty)
+            if not self._fitted[cls].all():
+                self._fit(np.unique(cls))
+            rows = self._rows[cls]
+        mu, load0, load1, inv_psd, scale_a = rows[:, :, :g].transpose(1, 0, 2)  # each [R, g]
         spec = self.difficulty
         # (A, W) of the latent model is bivariate normal: two draws per token suffice. One call draws the stream
         # that per-step calls would (numpy draws standard normals one after the other, whatever the size).
