@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from simulator import Results, SimulationSpec, simulate
-from simulator.profile import HardwareProfile, profile_from_dict
+from simulator.costs import HardwareProfile, profile_from_dict
 
 if TYPE_CHECKING:  # matplotlib only types the collect side; a run must not pay its import
     from matplotlib.axes import Axes

@@ -3,13 +3,13 @@
 * :mod:`simulator.specs` - what a run is (the typed specs);
 * :mod:`simulator.simulate` - ``simulate(spec) -> Results``, the one entry point;
 * :mod:`simulator.cluster` / :mod:`simulator.engine` - the SimPy processes (arrivals, prefill, router, decode);
-* :mod:`simulator.profile` - the step-cost tables of a hardware profile;
+* :mod:`simulator.costs` - the step-cost tables of a hardware profile;
 * :mod:`simulator.acceptance` - acceptance sources (parametric presets, log replay);
 * :mod:`simulator.requests` / :mod:`simulator.metrics` - the request store and the summary.
 """
 
 from simulator.acceptance import AcceptanceModel, AcceptanceSource, ConfidenceSpec, DifficultySpec, LoggedAcceptance
-from simulator.profile import HardwareProfile, ProfileError, load_profile
+from simulator.costs import HardwareProfile, ProfileError, load_profile
 from simulator.simulate import Results, simulate
 from simulator.specs import ClusterSpec, DrafterSpec, EngineLimits, LossyPolicyWarning, SimulationSpec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.profile import HardwareProfile
+from simulator.costs import HardwareProfile
 from simulator.specs import SimulationSpec
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload

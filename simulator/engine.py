@@ -42,11 +42,11 @@ from simulator.acceptance import AcceptanceSource
 from simulator.acceptance.online import OnlineAcceptanceEstimator
 from simulator.acceptance.parametric import AcceptanceModel
 from simulator.batch import RequestColumns, StepLog, prefill_chunks
+from simulator.costs import HardwareProfile
 from simulator.costs.step_cost import StepPricer
 from simulator.decode_set import DecodeSet, add_counters
 from simulator.decode_step import DecodeStep, LengthCounts
 from simulator.kv import KVAccount, survivors
-from simulator.profile import HardwareProfile
 from simulator.requests import RequestStore
 from simulator.sample_ahead import SampleAhead
 from simulator.specs import EngineLimits, PrefillMode

@@ -14,7 +14,7 @@ from simulator.acceptance import AcceptanceModel, AcceptanceSource, ConfidenceSp
 from simulator.acceptance.online import OnlineAcceptanceEstimator
 from simulator.acceptance.parametric import acceptance_classes
 from simulator.acceptance.presets import default_preset, load_preset
-from simulator.profile import HardwareProfile
+from simulator.costs import HardwareProfile
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 

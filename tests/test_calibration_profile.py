@@ -16,8 +16,8 @@ from calibration.profiling.loop_costs import LoopCosts
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
-from simulator.profile import load_profile
-from simulator.profile import profile_from_dict as load_profile_dict
+from simulator.costs import load_profile
+from simulator.costs import profile_from_dict as load_profile_dict
 from traces.synthetic import LengthSpec, TrafficSpec
 
 REPO = Path(__file__).resolve().parents[1]

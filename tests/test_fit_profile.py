@@ -24,7 +24,7 @@ from calibration.validation.report import pooled_summary
 from experiments.intervals import draw_intervals, with_intervals
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
-from simulator.profile import profile_from_dict
+from simulator.costs import profile_from_dict
 from traces.synthetic import TrafficSpec
 
 # ---------------------------------------------------------------- a known profile and runs computed from it

@@ -10,7 +10,7 @@ from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.acceptance.logs import AcceptanceRecorder, LogError, read_log, to_blocks, write_log
 from simulator.acceptance.replay import LoggedAcceptance
-from simulator.profile import load_profile
+from simulator.costs import load_profile
 from tests.log_factories import synthetic_log
 from traces.workload import DOMAINS, Workload
 

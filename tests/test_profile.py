@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from simulator.profile import ProfileError, builtin_profiles, load_profile, profile_from_dict
+from simulator.costs import ProfileError, builtin_profiles, load_profile, profile_from_dict
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from calibration.profiling.roofline import (
     gpus_per_replica,
     verify_grid,
 )
-from simulator.profile import load_profile, profile_from_dict
+from simulator.costs import load_profile, profile_from_dict
 
 FIXED_DAY = datetime.date(2026, 1, 1)
 

@@ -205,7 +205,7 @@ def test_policy_prices_with_its_own_profile_and_the_hardware_keeps_time(small_sp
     """policy_profile changes what the policy believes a step costs, never what a step takes."""
     import copy
 
-    from simulator.profile import profile_from_dict
+    from simulator.costs import profile_from_dict
 
     base = simulate(small_spec(make_policy("greedy")))
     same = simulate(small_spec(make_policy("greedy"), policy_profile=default_profile))

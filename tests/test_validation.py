@@ -28,8 +28,8 @@ from policies.base import CostCurve
 from policies.dspark import DSpark
 from policies.greedy import Greedy
 from simulator import DrafterSpec, EngineLimits, SimulationSpec, simulate
+from simulator.costs import load_profile
 from simulator.engine import StepLog
-from simulator.profile import load_profile
 from tests.chi_square import chi_square
 from traces.synthetic import TrafficSpec
 from traces.workload import Workload
@@ -219,7 +219,7 @@ def test_bad_input_is_refused_with_a_clear_message() -> None:
 def test_profile_passes_combine_by_element_wise_median() -> None:
     import copy
 
-    from simulator.profile import profile_from_dict
+    from simulator.costs import profile_from_dict
 
     first = load_profile("h200_qwen3-8b_analytic")
 

@@ -31,7 +31,7 @@ from scipy.optimize import lsq_linear
 from calibration.fitting.model import CostModel
 from calibration.fitting.pipeline import FitReport
 from calibration.fitting.runs import ResultsError, StepObservation
-from simulator.profile import profile_from_dict
+from simulator.costs import profile_from_dict
 
 FORMAT = "specsched-hardware-profile"
 VERSION = 2

@@ -21,7 +21,7 @@ import numpy as np
 
 from calibration.fitting.runs import NO_SPECULATION, BenchmarkRun
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
-from simulator.profile import HardwareProfile, load_profile
+from simulator.costs import HardwareProfile, load_profile
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from simulator.profile import HardwareProfile, load_profile  # noqa: E402
+from simulator.costs import HardwareProfile, load_profile  # noqa: E402
 
 STYLES = {"measured": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
           "analytic": {"color": "tab:orange", "linestyle": "--"}}

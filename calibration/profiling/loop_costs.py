@@ -60,7 +60,7 @@ from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.greedy import Greedy
-from simulator.profile import HardwareProfile, profile_from_dict
+from simulator.costs import HardwareProfile, profile_from_dict
 from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
 

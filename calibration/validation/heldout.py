@@ -49,7 +49,7 @@ from calibration.validation.validate import parse_args, run_validation, write_ou
 from policies import make_policy
 from simulator import ClusterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import write_log
-from simulator.profile import HardwareProfile, load_profile, profile_from_dict
+from simulator.costs import HardwareProfile, load_profile, profile_from_dict
 
 FIT_POLICIES = ("none", "mtp1", "mtp3")
 HELD_OUT_POLICIES = ("mtp7", "greedy", "dspark")

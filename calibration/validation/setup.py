@@ -36,7 +36,7 @@ from calibration.training.corpora import corpus_prompts
 from policies import make_policy
 from simulator import DrafterSpec, EngineLimits
 from simulator.acceptance.presets import PRESETS
-from simulator.profile import HardwareProfile, load_profile, profile_from_dict
+from simulator.costs import HardwareProfile, load_profile, profile_from_dict
 from traces.synthetic import LengthSpec, RequestSampler, TrafficSpec
 from traces.workload import DOMAINS
 

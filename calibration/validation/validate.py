@@ -77,7 +77,7 @@ from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import read_log, write_log
 from simulator.cluster import Cluster
-from simulator.profile import HardwareProfile
+from simulator.costs import HardwareProfile
 
 # --long-context: prompts of 1-4k tokens (lognormal around 2048, truncated at 4096), the tiny models' short outputs,
 # and a version-2 profile whose attention table covers every context the requests reach.
