@@ -85,7 +85,10 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
     lengths = np.asarray(decision.lengths)
     if lengths.shape != (num_requests,):
         raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
-    if lengths.size and (lengths.min() < 0 or lengths.max() > num_draft):
+    # For int64 lengths one reduction sees both bounds: a negative length read as unsigned exceeds any bound.
+    out_of_range = (lengths.view(np.uint64).max() > num_draft if lengths.dtype == np.int64
+                    else lengths.min() < 0 or lengths.max() > num_draft) if lengths.size else False
+    if out_of_range:
         raise ValueError(f"policy {policy.name!r}: lengths must lie in 0..{num_draft} (tokens drafted), "
                          f"got {lengths.tolist()}")
     if token_budget is not None and num_requests + int(lengths.sum()) > token_budget:
