@@ -99,6 +99,11 @@ class DecodeSet:
         self._data[_ACCEPTED] = 0
         self._data[_JOINED] = self.num_decode_steps
 
+    def steps_without_drafts(self, count: int) -> None:
+        """Every request took part in ``count`` steps without draft tokens (one token each per step)."""
+        self.num_decode_steps += count
+        self.remaining -= count
+
     def step_done(self, lengths: np.ndarray | None, good: np.ndarray | None,
                   remaining_after: np.ndarray | None) -> None:
         """Every request took part in a step: ``lengths`` verified, ``good`` accepted (counted to its end),

@@ -46,11 +46,12 @@ from simulator.costs import HardwareProfile
 from simulator.costs.step_cost import StepPricer
 from simulator.decode_set import DecodeSet, add_counters
 from simulator.decode_step import DecodeStep, LengthCounts
-from simulator.kv import KVAccount, survivors
+from simulator.kv import KVAccount
+from simulator.preemption import Preemption
 from simulator.requests import RequestStore
 from simulator.sample_ahead import SampleAhead
 from simulator.specs import EngineLimits, PrefillMode
-from simulator.step_memo import NoDraftDecisions, StepCostMemo
+from simulator.step_memo import NoDraftDecisions, StepCostMemo, repeat_without_drafts
 
 __all__ = ["STEP_END_PRIORITY", "DecodeEngine", "StepLog"]
 
@@ -72,7 +73,7 @@ class _StepEnd(Event):
         env.schedule(self, STEP_END_PRIORITY, delay_s)
 
 
-class DecodeEngine:
+class DecodeEngine(Preemption):
     """A replica's step loop. ``submit`` hands it a request (prefilled in disaggregated mode)."""
 
     def __init__(self, env: simpy.Environment, engine_id: int, store: RequestStore, policy: Policy,
@@ -116,6 +117,9 @@ class DecodeEngine:
         self.costs = StepCostMemo(self.pricer, steps.detailed)
         self._no_drafts = NoDraftDecisions(policy, self.budget) if NoDraftDecisions.apply_to(
             policy, self.draft_tokens, estimator is not None, self.pricer) else None
+        # ... and then, priced by R alone, such steps repeat exactly until something happens (see _repeat).
+        self._repeats = (self._no_drafts is not None and not self.needs_context and mode == "disaggregated"
+                         and not self.pricer.attention)
         self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
         self.load = 0  # requests held (decoding, prefilling, waiting) for the least-loaded router, counted
         self._wakeup: Event | None = None
@@ -223,7 +227,10 @@ class DecodeEngine:
             for _ in range(MAX_RUN_AHEAD_STEPS):  # steps whose end nobody else sees: no SimPy round trip
                 if not self._may_run_ahead(plan):
                     break
-                self._apply(plan, plan.end_at)
+                if self._repeats and not self.waiting and plan.decision.smoothed is None and not self.memory.smoothed:
+                    self._repeat(plan)
+                else:
+                    self._apply(plan, plan.end_at)
                 plan = self._next_plan()
                 assert plan is not None, "only a finish or a completed prefill empties an engine"
             delay_s = plan.duration_s
@@ -243,6 +250,18 @@ class DecodeEngine:
         end_at = plan.end_at
         return (self._runs_ahead and not plan.ends_request and not plan.completes_prefill
                 and end_at < self.env.peek() and end_at <= 2.0 * self.env.now)
+
+    def _repeat(self, plan: DecodeStep) -> None:
+        """Apply ``plan``, a step without draft tokens that may run ahead, and the identical ones after it that may
+        too and end no request (nothing they depend on changes until an event or a finish): as ``_apply`` would,
+        one after the other, with nothing but the log written per step."""
+        decode, env = self.decode, self.env
+        ends = repeat_without_drafts(plan, self.steps, self.engine_id, self.budget, env.peek(), 2.0 * env.now,
+                                     int(decode.remaining.min()) - 1)
+        decode.steps_without_drafts(len(ends))
+        measured = sum(end_at > self.measure_from_s for end_at in ends)
+        self.length_counts.add_without_drafts(plan.num_requests * measured)
+        self.now = ends[-1]
 
     def _next_plan(self) -> DecodeStep | None:
         if self.waiting and self.mode == "disaggregated":
@@ -295,44 +314,6 @@ class DecodeEngine:
         if self.estimator is not None and signal is not None:  # this step's verified outcomes, for later steps
             self.estimator.update(signal[: plan.num_requests], plan.lengths, plan.accepted)
         plan.settle(decode.remaining, drafts=g > 0)
-
-    def _allocate_step(self, context: np.ndarray, lengths: np.ndarray) -> int:
-        """Paged mode: blocks for the slots this step writes; preempts the newest requests (prefilling ones first,
-        they are newer) until they fit. Returns how many decoding requests keep running."""
-        need = self.kv.step_growth(context, lengths, self.decode.held)
-        short = int(need.sum()) - self.kv.free
-        if short > 0 and self.prefill.size:
-            freed = np.cumsum(self.prefill.held[::-1])  # newest first
-            count = min(int(np.searchsorted(freed, short)) + 1, self.prefill.size)
-            self._preempt_prefilling(self.prefill.size - count)
-        keep = survivors(need, self.decode.held, self.kv.free)
-        if keep < self.decode.size:
-            self._preempt_decoding(keep)
-            need = need[:keep]
-        self.decode.held += need
-        self.kv.used += int(need.sum())
-        return keep
-
-    def _preempt_prefilling(self, keep: int) -> None:
-        gone = self.prefill.split(keep)
-        self.kv.used -= int(gone["held"].sum())
-        self.store.num_preemptions[gone["ids"]] += 1
-        self.waiting.extendleft(gone["ids"][::-1].tolist())  # oldest victim first in line
-
-    def _preempt_decoding(self, keep: int) -> None:
-        store = self.store
-        gone = self.decode.split(keep)
-        ids = gone["ids"]
-        add_counters(store, gone)
-        self.kv.used -= int(gone["held"].sum())
-        store.num_preemptions[ids] += 1
-        self._resume.update(zip(ids.tolist(), gone["remaining"].tolist(), strict=True))
-        if self.mode == "chunked":
-            self.waiting.extendleft(ids[::-1].tolist())
-        else:
-            assert self.on_preempt is not None
-            self.load -= ids.size  # recomputed in the cluster's prefill pool, then submitted again
-            self.on_preempt(ids, np.array([self._kv_tokens(int(rid)) for rid in ids], dtype=np.int64))
 
     def write_counters(self) -> None:
         """Write the decoding requests' counters so far to the store (at the end of a run, so that unfinished

@@ -8,6 +8,9 @@
   no outcomes, no online estimator) and prices with one cost curve per R, its
   view holds nothing but R, and its decision, a pure function of the view, is
   the same for the same R.
+* :func:`repeat_without_drafts` - such steps, priced by R alone, repeat
+  exactly until a request finishes or something else happens: recorded in a
+  tight loop.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from policies import CostCurve, Decision, Policy, PolicyMemory, check_decision
+from simulator.batch import StepLog
 from simulator.costs.step_cost import StepPricer, VerifyCost
 from simulator.decode_step import DecodeStep
 
@@ -72,3 +76,21 @@ class NoDraftDecisions:
         if decision.smoothed is None and not memory.smoothed:  # EMA rows would change the next view
             self._by_requests[num_requests] = (cost, result)
         return result
+
+
+def repeat_without_drafts(plan: DecodeStep, log: StepLog, engine_id: int, token_budget: int | None,
+                          before_s: float, at_most_s: float, max_steps: int) -> list[float]:
+    """Record ``plan``, a step without draft tokens, and the identical steps that follow it (same requests, same
+    decision, same duration, each starting where the last ended) while each ends before ``before_s`` and at most at
+    ``at_most_s``, at most ``max_steps`` of them -> their end times. ``plan.start_at`` is left at the last start."""
+    ends: list[float] = []
+    start_at, duration_s, num_requests = plan.start_at, plan.duration_s, plan.num_requests
+    while len(ends) < max_steps:
+        end_at = start_at + duration_s
+        if not (end_at < before_s and end_at <= at_most_s):
+            break
+        plan.start_at = start_at
+        log.record(engine_id, plan, end_at, num_requests, 0, token_budget)
+        ends.append(end_at)
+        start_at = end_at
+    return ends
