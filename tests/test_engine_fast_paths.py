@@ -57,6 +57,14 @@ def run(spec, plain: bool, counts: dict[str, int] | None = None):
                 original(self, env, delay_s)
 
             mp.setattr(engine_module._StepEnd, "__init__", counted)
+            repeat = engine_module.repeat_without_drafts
+
+            def counted_repeat(*args, **kwargs):
+                ends = repeat(*args, **kwargs)
+                counts["repeated_steps"] = counts.get("repeated_steps", 0) + len(ends)
+                return ends
+
+            mp.setattr(engine_module, "repeat_without_drafts", counted_repeat)
         return simulate(spec)
 
 
@@ -118,6 +126,8 @@ def test_fast_paths_give_the_plain_loops_tables(small_spec, policy, options):
     assert_same_results(fast, run(spec, plain=True))
     if not (options.get("kv_mode") == "paged" and options.get("mode") != "chunked"):
         assert counts["step_events"] < len(fast.steps)  # the engine did run ahead
+    if policy == "none" and options.get("mode") != "chunked" and "profile" not in options:
+        assert counts["repeated_steps"] > 0  # and repeated steps without draft tokens
 
 
 def test_requests_arriving_exactly_at_step_ends_join_the_next_step_as_in_the_plain_loop(small_spec):
