@@ -72,11 +72,6 @@ class PolicyMemory:
             smoothed = MappingProxyType({r: _frozen(rows[i]) for i, r in enumerate(request_ids)})
         return PolicyMemory(pools, smoothed)
 
-    def key(self) -> tuple:
-        """A hashable value equal for equal memories (used to merge identical states)."""
-        pools = tuple((p.shape, p.tobytes()) for p in self.pools)
-        return pools, tuple(sorted((r, row.tobytes()) for r, row in self.smoothed.items()))
-
 
 def check_decision(policy: Policy, decision: Decision, num_requests: int, num_draft: int,
                    token_budget: int | None = None) -> np.ndarray:
