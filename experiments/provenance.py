@@ -80,3 +80,13 @@ def provenance(cfg: DictConfig, spec: SimulationSpec) -> dict[str, Any]:
         "profile_sha256": file_sha256(profile) if profile.is_file() else None,
         "traffic_source": traffic_source(config["traffic"], spec.traffic),  # type: ignore[index,call-overload]
     }
+
+
+def save_stamped(fig: Any, out: Path, profile: Any, command: str) -> None:
+    """Write a study's figure with its provenance in the bottom strip: the profile file and label (which says
+    measured or analytic), the code revision and the command that drew it."""
+    rev = code_revision(REPO)["describe"]
+    fig.text(0.01, 0.01, f"profile {Path(profile.path).name}: {profile.label}; code {rev}; {command}",
+             fontsize=7, color="grey")
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(out, dpi=110)

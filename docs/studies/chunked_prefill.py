@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from experiments.provenance import code_revision
+from experiments.provenance import save_stamped
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, load_profile, simulate
 from traces.synthetic import TrafficSpec
@@ -69,13 +69,9 @@ def plot(frame: pd.DataFrame, args: argparse.Namespace, out: Path) -> None:
     for ax, (_, label, scale) in zip(axes, panels, strict=True):
         ax.set(xlabel="arrival rate (requests/s, Poisson)", ylabel=label, yscale=scale, title=label)
         ax.legend(fontsize=7)
-    rev = code_revision(REPO)["describe"]
     fig.suptitle(f"Chunked vs disaggregated prefill on {NUM_GPUS} GPUs (chunked: 2 replicas, budget {args.budget} "
                  f"tokens; disaggregated: 1 prefill + 1 decode); x: overloaded (backlog grows)", fontsize=11)
-    fig.text(0.01, 0.01, f"profile {Path(profile.path).name}: {profile.label}; code {rev}; "
-             "python docs/studies/chunked_prefill.py", fontsize=7, color="grey")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    fig.savefig(out, dpi=110)
+    save_stamped(fig, out, profile, "python docs/studies/chunked_prefill.py")
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from experiments.provenance import code_revision
+from experiments.provenance import save_stamped
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, load_profile, simulate
 from traces import load_trace_workload
@@ -111,13 +111,9 @@ def plot(frame: pd.DataFrame, args: argparse.Namespace, out: Path) -> None:
         ax.set_xticks([1000, 3000, 10000, 30000, 100000])
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:g}k"))
         ax.xaxis.set_minor_formatter(NullFormatter())
-    rev = code_revision(REPO)["describe"]
     fig.suptitle(f"Speculative gain vs context: {Path(str(args.trace)).name}, requests binned by prompt length, "
                  f"fixed concurrency, DSpark drafter gamma={args.gamma}", fontsize=11)
-    fig.text(0.01, 0.01, f"profile {Path(profile.path).name}: {profile.label}; code {rev}; "
-             "python docs/studies/context_gain.py", fontsize=7, color="grey")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-    fig.savefig(out, dpi=110)
+    save_stamped(fig, out, profile, "python docs/studies/context_gain.py")
 
 
 def main() -> None:
