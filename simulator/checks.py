@@ -2,7 +2,7 @@
 
 Everything here is known from the spec before the first simulated second: a
 profile table too short for the concurrency, the block size or the traffic's
-context lengths, a policy that
+context lengths or its prompts (a measured prefill table), a policy that
 drafts more tokens than the drafter makes, a request that can never fit an
 engine's KV cache. :func:`check_spec` raises a :class:`SpecError` naming the
 config key or the profile file (config keys as in ``experiments/conf``).
@@ -90,6 +90,34 @@ def check_context_tables(profile: HardwareProfile, drafter: str, draft_tokens: i
                         "(1 + drafter.gamma); pick a smaller gamma or profile more query tokens")
 
 
+def prefill_range(spec: SimulationSpec) -> tuple[int, int]:
+    """The fewest and most tokens one disaggregated prefill can compute: the traffic's prompts, and with paged KV a
+    preempted request's recompute (prompt + output so far, at most its whole KV before the last step)."""
+    traffic, paged = spec.traffic, spec.cluster.limits.kv_mode == "paged"
+    if isinstance(traffic, TrafficSpec):
+        return 1, traffic.max_prompt_tokens + (traffic.max_output_tokens - 1 if paged else 0)
+    if traffic.num_requests == 0:
+        return 1, 1
+    high = traffic.prompt_tokens + (traffic.output_tokens - 1 if paged else 0)
+    return int(traffic.prompt_tokens.min()), int(high.max())
+
+
+def check_prefill_table(profile: HardwareProfile, spec: SimulationSpec) -> None:
+    """A measured ``prefill.table`` covers every prefill of a disaggregated run (chunked mode prices chunks)."""
+    table = profile.prefill_table
+    if table is None or spec.cluster.mode == "chunked":
+        return
+    low, high = prefill_range(spec)
+    if not _covers(table.x, low, high):
+        what = ("traffic.max_prompt_tokens" if isinstance(spec.traffic, TrafficSpec) else
+                f"the prompts of traffic {spec.traffic.source}")
+        paged = " (+ outputs: paged KV recomputes preempted requests)" if spec.cluster.limits.kv_mode == "paged" \
+            else ""
+        raise SpecError(f"profile {profile.path}: prefill.table.prompt_tokens covers {table.x[0]:g}..{table.x[-1]:g}, "
+                        f"but {what}{paged} give prefills of {low}..{high} tokens; profile longer prompts or lower "
+                        "the maxima")
+
+
 def check_kv_capacity(spec: SimulationSpec) -> None:
     """The longest possible request fits one engine's KV cache (prompt + full output are reserved)."""
     capacity = spec.cluster.limits.kv_capacity_tokens
@@ -127,4 +155,5 @@ def check_spec(spec: SimulationSpec) -> None:
         budget = spec.cluster.token_budget(spec.profile.token_budget)  # as the engine takes it
         check_profile(profile, spec.drafter.latency_table, draft_tokens, limits.max_concurrency, budget)
         check_context_tables(profile, spec.drafter.latency_table, draft_tokens, spec.traffic)
+        check_prefill_table(profile, spec)
     check_kv_capacity(spec)

@@ -80,6 +80,17 @@ class ChunkAttentionBlock:
 
 
 @dataclass(frozen=True)
+class PrefillTableBlock:
+    """``prefill.table``: seconds of one disaggregated prefill over its prompt tokens (replaces the line)."""
+
+    prompt_tokens: tuple[int, ...]  # [NP] strictly increasing, >= 1
+    latency_s: tuple[float, ...]  # [NP]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": list(self.prompt_tokens), "latency_s": list(self.latency_s)}
+
+
+@dataclass(frozen=True)
 class ContextDraftTable:
     """``draft.<kind>`` with a context axis: latency over (the batch's mean context, R, gamma)."""
 
@@ -102,6 +113,7 @@ class Version2Blocks:
     cuda_graphs: CudaGraphsBlock | None = None
     token_budget: TokenBudgetBlock | None = None
     chunk_attention: ChunkAttentionBlock | None = None
+    prefill_table: PrefillTableBlock | None = None
     draft: dict[str, ContextDraftTable] = field(default_factory=dict)  # replaces these drafters' tables
 
     def apply(self, profile: dict[str, Any], origin: str = "<memory>") -> dict[str, Any]:
@@ -111,6 +123,8 @@ class Version2Blocks:
                            ("token_budget", self.token_budget)):
             if value is not None:
                 out[key] = value.to_dict()
+        if self.prefill_table is not None:
+            out["prefill"] = {**out["prefill"], "table": self.prefill_table.to_dict()}
         if self.chunk_attention is not None:
             out["prefill"] = {**out["prefill"], "chunk_attention": self.chunk_attention.to_dict()}
         if self.draft:

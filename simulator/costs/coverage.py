@@ -4,7 +4,8 @@ What a run can ask of a profile is known before the first simulated second
 from the config: the largest step (concurrency x (1 + draft tokens), or the
 token budget), the contexts the traffic can reach (from its shortest prompt to
 its longest prompt + output), the query tokens a request verifies (1 + gamma)
-and the largest prefill chunk (the budget, in chunked mode). Each failure is a
+the largest prefill chunk (the budget, in chunked mode) and the prompts a
+disaggregated prefill prices (``prefill.table``). Each failure is a
 ``ValueError`` naming the profile file, the table and the config key to change.
 """
 
@@ -26,6 +27,7 @@ class RunDemand:
     chunked: bool  # co-located chunked prefill
     min_context_tokens: int  # the shortest prompt
     max_context_tokens: int  # the longest prompt + output - 2: the largest KV before a step
+    max_prompt_tokens: int | None = None  # the longest prefill; None: prefill.table checked at its shortest only
 
     @property
     def max_step_tokens(self) -> int:
@@ -68,6 +70,13 @@ def check_profile_covers(profile: HardwareProfile, drafter: str, demand: RunDema
         if table is not None:
             _covers(table, 0, high, 1, demand.token_budget or 1,
                     "prefill chunks up to the token budget over the traffic's contexts")
+    if not demand.chunked and profile.prefill_table is not None:
+        axis = profile.prefill_table.x
+        top = demand.max_prompt_tokens if demand.max_prompt_tokens is not None else demand.min_context_tokens
+        if demand.min_context_tokens < axis[0] or top > axis[-1]:
+            raise ValueError(f"profile {profile.path}: prefill.table.prompt_tokens covers {axis[0]:g}..{axis[-1]:g}, "
+                             f"but this run prefills prompts of {demand.min_context_tokens}..{top} tokens (the "
+                             "traffic's prompts; shorten them with traffic.max_prompt_tokens or profile more)")
     if demand.draft_tokens and profile.draft_uses_context(drafter):
         axis = profile.draft[drafter].context_tokens
         assert axis is not None

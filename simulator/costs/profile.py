@@ -10,6 +10,9 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
                                                     (with key_padding "longest": every c_r is the batch's longest)
     + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention)
 
+A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
+tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
+
 Version 1 profiles have no attention table (their ``per_request`` usually folds
 in KV reads at a reference context), no cliff and no budget, so the cost is
 ``1 / SPS(B) + padding + per_request(R)`` exactly as before. The file format is
@@ -70,6 +73,7 @@ class HardwareProfile:
     cuda_graphs: CudaGraphs | None = None
     max_num_batched_tokens: int | None = None  # the engine's token budget per step
     chunk_attention: Table2D | None = None  # seconds of one prefill chunk over (context_tokens, chunk_tokens)
+    prefill_table: Table1D | None = None  # seconds of one disaggregated prefill over prompt_tokens (prefill.table)
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -230,7 +234,10 @@ class HardwareProfile:
         return self.draft[kind](num_requests, draft_tokens, context_tokens)
 
     def prefill_s(self, prompt_tokens: np.ndarray | int) -> np.ndarray:
-        """A disaggregated prefill of ``prompt_tokens`` tokens: ``fixed_s + n / tokens_per_s``."""
+        """A disaggregated prefill of ``prompt_tokens`` tokens: the measured ``prefill.table`` interpolated linearly
+        (an error outside it, naming the file) when the profile has one, else ``fixed_s + n / tokens_per_s``."""
+        if self.prefill_table is not None:
+            return self.prefill_table(prompt_tokens)
         return self.prefill_fixed_s + np.asarray(prompt_tokens, dtype=np.float64) / self.prefill_tokens_per_s
 
     def scheduler_s(self, num_candidates: int, policy: str | None = None) -> float:

@@ -31,7 +31,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_request", "attention", "cuda_graphs",
           "token_budget", "draft", "prefill", "scheduler")
 V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "draft.<kind>.context_tokens",
-             "prefill.chunk_attention")
+             "prefill.chunk_attention", "prefill.table")
 
 
 def builtin_profiles() -> list[str]:
@@ -200,21 +200,37 @@ def _cuda_graphs(data: dict[str, Any], verify: Table1D, origin: str) -> CudaGrap
     return CudaGraphs(cap, eager_sps=Table1D(tokens, sps, "eager SPS over batch_tokens", origin))
 
 
-def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, float, Table2D | None]:
+def _prefill_table(prefill: dict[str, Any], version: int, origin: str) -> Table1D | None:
+    """``prefill.table``: seconds of one prefill over prompt tokens, measured (version 2)."""
+    table = prefill.get("table")
+    if table is None:
+        return None
+    _needs_v2(version, True, "prefill.table", origin)
+    if not isinstance(table, dict):
+        raise ProfileError(f"{origin}: field 'prefill.table' must be an object, got {table!r}")
+    where = "prefill.table."
+    f.known_keys(table, ("prompt_tokens", "latency_s"), where, origin)
+    tokens = f.axis(f.get(table, "prompt_tokens", where, origin), where + "prompt_tokens", origin)
+    latency = f.values(f.get(table, "latency_s", where, origin), tokens.size, where + "latency_s", origin)
+    return Table1D(tokens, latency, "prefill.table latency_s over prompt_tokens", origin)
+
+
+def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, float, Table2D | None, Table1D | None]:
     prefill = f.block(data, "prefill", origin)
-    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "chunk_attention"), "prefill.", origin)
+    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention"), "prefill.", origin)
     fixed_s = f.number(f.get(prefill, "fixed_s", "prefill.", origin), "prefill.fixed_s", origin, True)
     tokens_per_s = f.number(f.get(prefill, "tokens_per_s", "prefill.", origin), "prefill.tokens_per_s", origin)
+    table = _prefill_table(prefill, version, origin)
     chunk = prefill.get("chunk_attention")
     if chunk is None:
-        return fixed_s, tokens_per_s, None
+        return fixed_s, tokens_per_s, None, table
     _needs_v2(version, True, "prefill.chunk_attention", origin)
     if not isinstance(chunk, dict):
         raise ProfileError(f"{origin}: field 'prefill.chunk_attention' must be an object, got {chunk!r}")
     f.known_keys(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.", origin)
-    table = _table2d(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.",
-                     "prefill chunk_attention per_chunk_s", origin)
-    return fixed_s, tokens_per_s, table
+    chunk_table = _table2d(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.",
+                           "prefill chunk_attention per_chunk_s", origin)
+    return fixed_s, tokens_per_s, chunk_table, table
 
 
 def _scheduler(data: dict[str, Any], origin: str) -> tuple[float, float, bool, dict[str, tuple[float, float]]]:
@@ -260,7 +276,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
     verify_sps, dense_step_s, padded_slot_s = _verify(data, version, origin)
     per_request = _per_request(data, origin)
     drafts = _drafts(data, version, origin)
-    prefill_fixed_s, prefill_tokens_per_s, chunk_attention = _prefill(data, version, origin)
+    prefill_fixed_s, prefill_tokens_per_s, chunk_attention, prefill_table = _prefill(data, version, origin)
     sched_fixed_s, sched_per_candidate_s, inline, by_policy = _scheduler(data, origin)
     attention, key_padding = _attention(data, origin)
     graphs = _cuda_graphs(data, verify_sps, origin)
@@ -272,4 +288,4 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         padded_slot_s=padded_slot_s, scheduler_inline=inline, scheduler_by_policy=by_policy, raw=data, path=origin,
         version=version, dense_step_s=dense_step_s, attention=attention, key_padding=key_padding,  # type: ignore[arg-type]
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
-        chunk_attention=chunk_attention)
+        chunk_attention=chunk_attention, prefill_table=prefill_table)
