@@ -40,6 +40,6 @@ from simulator.costs.tables import DraftTable, Table1D, Table2D
 __all__ = [
     "BUILTIN_DIR", "FIELDS", "PROFILE_FORMAT", "PROFILE_VERSION", "READABLE_VERSIONS", "SOURCES", "AttentionBlock",
     "ChunkAttentionBlock", "ContextDraftTable", "CudaGraphs", "CudaGraphsBlock", "DraftTable", "HardwareProfile",
-    "KeyPadding", "PrefillTableBlock", "ProfileError", "Table1D", "Table2D", "TokenBudgetBlock", "Version2Blocks", "builtin_profiles",
-    "load_profile", "migrate", "profile_from_dict", "profile_to_dict", "resolve_profile_path",
+    "KeyPadding", "PrefillTableBlock", "ProfileError", "Table1D", "Table2D", "TokenBudgetBlock", "Version2Blocks",
+    "builtin_profiles", "load_profile", "migrate", "profile_from_dict", "profile_to_dict", "resolve_profile_path",
 ]
