@@ -5,12 +5,17 @@ end, request after request (``tokens [T]``). Request r brings ``query_lens[r]``
 new tokens (1 + l_r in verification, the prompt in prefill) on top of the
 ``cache_lens[r]`` tokens already in its cache slot. Attention runs per request
 over [cached keys; new keys] with a causal block mask, so requests of different
-lengths never see each other. Weights are random (timing depends on shapes only);
+lengths never see each other. The requests of one attention group are padded to
+each other's longest query and key lengths; a forward may hold several groups
+(:class:`MixedBatch`: decoding requests and each prefill chunk apart, as a varlen
+kernel would), the dense layers running once over all tokens. Weights are random (timing depends on shapes only);
 nothing is ever downloaded. Shapes come from :mod:`calibration.models.shapes`.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,11 +105,26 @@ class KVCache:
         self.lengths = torch.zeros(num_slots, dtype=torch.long)  # host side: tokens held per slot
         self.max_tokens = max_tokens
 
-    def batch(self, slots: Tensor | list[int], query_lens: Tensor | list[int]) -> VarlenBatch:
-        """The layout of a forward that appends ``query_lens[r]`` tokens to slot ``slots[r]``."""
+    def batch(self, slots: Tensor | list[int], query_lens: Tensor | list[int],
+              groups: Sequence[int] | None = None) -> VarlenBatch | MixedBatch:
+        """The layout of a forward that appends ``query_lens[r]`` tokens to slot ``slots[r]``.
+
+        ``groups``: numbers of consecutive requests whose attention is padded to each other (their sum is the
+        number of requests); the dense layers still run once over every token. None: one group, every request's
+        queries and keys padded to the longest. A mixed step of decoding requests and prefill chunks passes
+        ``[R, 1, 1, ...]``: one forward whose attention, like a varlen kernel's, pads no chunk to another.
+        """
         slots = torch.as_tensor(slots, dtype=torch.long)
-        return VarlenBatch.build(slots, self.lengths[slots], torch.as_tensor(query_lens, dtype=torch.long),
-                                 self.max_tokens, self.k.device)
+        lens = torch.as_tensor(query_lens, dtype=torch.long)
+        if groups is None or len(groups) == 1:
+            return VarlenBatch.build(slots, self.lengths[slots], lens, self.max_tokens, self.k.device)
+        if min(groups) < 1 or sum(groups) != slots.numel():
+            raise ValueError(f"attention groups {list(groups)} must be >= 1 request each and sum to the "
+                             f"{slots.numel()} requests")
+        bounds = [0, *itertools.accumulate(groups)]
+        parts = tuple(VarlenBatch.build(slots[a:b], self.lengths[slots[a:b]], lens[a:b], self.max_tokens,
+                                        self.k.device) for a, b in itertools.pairwise(bounds))
+        return MixedBatch(parts, torch.cat([p.positions for p in parts]), torch.cat([p.token_slots for p in parts]))
 
     def commit(self, slots: Tensor | list[int], num_tokens: Tensor | list[int]) -> None:
         """Keep ``num_tokens[r]`` of the tokens just written to slot r (the rest are overwritten later)."""
@@ -131,6 +151,7 @@ class VarlenBatch:
     mask: Tensor  # [R, 1, Qmax, L] bool, key visible to query
     max_len: int  # L = max over requests of cache_len + query_len
     query_lens: Tensor  # [R] (host)
+    first_slot: int  # slots[0], kept on the host: slicing the cache reads no device tensor (CUDA-graph capture)
 
     @staticmethod
     def build(slots: Tensor, cache_lens: Tensor, query_lens: Tensor, max_tokens: int,
@@ -155,25 +176,45 @@ class VarlenBatch:
         return VarlenBatch(
             slots=slots.to(device), contiguous=contiguous, positions=query_pos[valid].to(device),
             token_slots=slots.repeat_interleave(query_lens).to(device), pad_index=pad_index.to(device),
-            valid=valid.to(device), mask=mask[:, None].to(device), max_len=max_len, query_lens=query_lens)
+            valid=valid.to(device), mask=mask[:, None].to(device), max_len=max_len, query_lens=query_lens,
+            first_slot=int(slots[0]))
 
     def cached(self, cache: Tensor) -> Tensor:
         """This batch's rows of one layer's cache [S, Hkv, Lmax, d] -> [R, Hkv, L, d]."""
         if self.contiguous:
-            first = int(self.slots[0])
-            return cache[first:first + self.slots.numel(), :, :self.max_len]
+            return cache[self.first_slot:self.first_slot + self.slots.numel(), :, :self.max_len]
         return cache[self.slots, :, :self.max_len]
 
+    @property
+    def parts(self) -> tuple[VarlenBatch, ...]:
+        return (self,)
 
-def varlen_attention(attn: Attention, x: Tensor, batch: VarlenBatch, cache_k: Tensor, cache_v: Tensor) -> Tensor:
+
+@dataclass(frozen=True)
+class MixedBatch:
+    """One forward over several attention groups (:meth:`KVCache.batch` with ``groups``): tokens of group 0, then
+    group 1, ...; each group a :class:`VarlenBatch` whose token indices count from the group's first token."""
+
+    parts: tuple[VarlenBatch, ...]
+    positions: Tensor  # [T]
+    token_slots: Tensor  # [T]
+
+
+def varlen_attention(attn: Attention, x: Tensor, batch: VarlenBatch | MixedBatch, cache_k: Tensor,
+                     cache_v: Tensor) -> Tensor:
     """x [T, h] -> [T, h]: write the new keys into the cache, attend per request under the block mask."""
     q = attn.q(x, batch.positions)  # [T, Hq, d]
     k, v = attn.kv(x, batch.positions)  # [T, Hkv, d]
     cache_k[batch.token_slots, :, batch.positions] = k
     cache_v[batch.token_slots, :, batch.positions] = v
-    q_pad = q[batch.pad_index].transpose(1, 2)  # [R, Hq, Qmax, d]
-    out = attend(q_pad, batch.cached(cache_k), batch.cached(cache_v), batch.mask)  # [R, Hq, Qmax, d]
-    return attn.o_proj(out.transpose(1, 2)[batch.valid].flatten(1))  # [T, h]
+    outs, start = [], 0
+    for part in batch.parts:  # attention per group; every other layer ran once over all T tokens
+        part_q = q[start:start + part.positions.numel()]
+        start += part.positions.numel()
+        q_pad = part_q[part.pad_index].transpose(1, 2)  # [R, Hq, Qmax, d]
+        out = attend(q_pad, part.cached(cache_k), part.cached(cache_v), part.mask)  # [R, Hq, Qmax, d]
+        outs.append(out.transpose(1, 2)[part.valid].flatten(1))  # [T_part, Hq * d]
+    return attn.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))  # [T, h]
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -212,7 +253,7 @@ class Verifier(nn.Module):
         p = self.embed.weight
         return KVCache(self.s, self.s.num_layers, num_slots, max_tokens, p.device, p.dtype)
 
-    def forward(self, tokens: Tensor, batch: VarlenBatch, cache: KVCache) -> VerifierOutput:
+    def forward(self, tokens: Tensor, batch: VarlenBatch | MixedBatch, cache: KVCache) -> VerifierOutput:
         """tokens [T] (flattened per request) -> logits, features and hidden of every token."""
         x = self.embed(tokens)  # [T, h]
         features = []
