@@ -159,10 +159,10 @@ class SpeculativeDecoder:
         own (what an acceptance log replayed in order needs).
 
         ``fill``: called with the step's decode tokens once the policy has decided, returns prefill chunks computed
-        in the same step (co-located chunked prefill), in a second verifier forward right after the decoding
-        requests' (see :meth:`prefill_chunks`): the verifier pads every request's queries and keys to the longest in
-        a forward, so a 512-token chunk in the decoding forward would pad every decoding request to 512 query rows
-        over the longest context - a cost no serving kernel has. The split costs one forward's fixed part instead.
+        in the same step (co-located chunked prefill), in the same verifier forward as the decoding requests' tokens
+        (as vLLM runs a mixed batch): the dense layers run once over all of them, and attention runs per group - the
+        decoding requests padded to each other, each chunk on its own (padding a 512-token chunk and the decoding
+        requests to each other would cost what no varlen kernel spends).
         """
         if self.anchors is None:
             raise RuntimeError("call start(prompts, max_new_tokens) first")
@@ -181,8 +181,9 @@ class SpeculativeDecoder:
         flat = np.concatenate([np.concatenate(([anchors[r]], draft_tokens[r, :lengths[r]])) for r in ids])
         query_lens = (1 + lengths).tolist()
         chunks = list(fill(int(sum(query_lens)))) if fill is not None else []
-        out = self._forward(slots.tolist(), query_lens, flat, ())
-        p_rows = _as_numpy_rows(softmax_t(out.logits, self.temperature))  # [T, V]
+        out = self._forward(slots.tolist(), query_lens, flat, chunks)
+        decoded = int(sum(query_lens))  # the chunks' rows follow the decoding requests'
+        p_rows = _as_numpy_rows(softmax_t(out.logits[:decoded], self.temperature))  # [T, V]
 
         starts = np.cumsum([0, *query_lens[:-1]])
         accepted, emitted = np.zeros(num_requests, dtype=np.int64), []
@@ -203,7 +204,7 @@ class SpeculativeDecoder:
         self.drafter.extend_context(slots, self.drafter.features_of(out)[keep_rows], kept)
         self.anchors = torch.tensor([e[-1] for e in emitted], device=device)
         self.memory = self.memory.after(self.policy, ids, decision)
-        first_tokens = self.prefill_chunks(chunks, rng) if chunks else ()
+        first_tokens = self._commit_chunks(out, decoded, chunks, rng) if chunks else ()
         draft_prob = (np.take_along_axis(q_rows, draft_tokens[..., None], axis=-1)[..., 0] if q_rows is not None
                       else np.zeros((num_requests, 0)))
         head = None if num_draft > 0 and draft.confidence is None else confidence
@@ -226,13 +227,16 @@ class SpeculativeDecoder:
 
     def _forward(self, slots: list[int], query_lens: list[int], tokens: np.ndarray,
                  chunks: Sequence[PrefillChunk]) -> VerifierOutput:
-        """One flattened verifier forward: the decoding requests' tokens, then every chunk's."""
+        """One flattened verifier forward: the decoding requests' tokens, then every chunk's; attention in groups
+        (the decoding requests together, each chunk alone)."""
         device = self.verifier.embed.weight.device
         all_slots = slots + [c.slot for c in chunks]
         lens = query_lens + [len(c.tokens) for c in chunks]
+        groups = ([len(slots)] if slots else []) + [1] * len(chunks)
         flat = np.concatenate([np.asarray(tokens, dtype=np.int64), *(np.asarray(c.tokens, dtype=np.int64)
                                                                      for c in chunks)])
-        return self.verifier(torch.as_tensor(flat, device=device), self.cache.batch(all_slots, lens), self.cache)
+        return self.verifier(torch.as_tensor(flat, device=device), self.cache.batch(all_slots, lens, groups),
+                             self.cache)
 
     def _commit_chunks(self, out: VerifierOutput, offset: int, chunks: Sequence[PrefillChunk],
                        rng: np.random.Generator) -> tuple[int | None, ...]:
