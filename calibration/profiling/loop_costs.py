@@ -103,7 +103,7 @@ class LoopCosts:
                                 "prefill": dict(out["prefill"])}
         meta["loop_costs"] = {**{k: (np.array(v).tolist() if isinstance(v, tuple) else v)
                                  for k, v in vars(self).items()},
-                              "folded": "draft(R, g) *= draft_factor(R, g); prefill *= prefill_factor; "
+                              "folded": "draft(R, g) *= draft_factor(R, g); prefill (line, table) *= prefill_factor; "
                                         "1/SPS(B) += extra_per_batch_token_s * B; per_request(R) += "
                                         "extra_per_request_s(R) (clipped at 0)"}
         out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
@@ -111,6 +111,10 @@ class LoopCosts:
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
         out["prefill"] = {**out["prefill"], "fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
                           "tokens_per_s": out["prefill"]["tokens_per_s"] / self.prefill_factor}
+        if "table" in out["prefill"]:
+            table = out["prefill"]["table"]
+            scaled = self.prefill_factor * np.array(table["latency_s"])
+            out["prefill"]["table"] = {**table, "latency_s": scaled.tolist()}
         if np.any(step_s <= 0) or np.any(np.array(out["per_request"]["step_s"]) + 1.0 / np.array(
                 out["verify"]["steps_per_s"])[0] <= 0):
             raise ValueError("the loop costs would make a step cost <= 0; the isolated tables are too noisy "
@@ -248,8 +252,13 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
                                                             np.random.default_rng(seed), warmup, repeats)
-    isolated = dict(profile, prefill={**profile["prefill"], "fixed_s": prefill_fixed_s,
-                                      "tokens_per_s": prefill_tokens_per_s})
+    prefill = {**profile["prefill"], "fixed_s": prefill_fixed_s, "tokens_per_s": prefill_tokens_per_s}
+    if "table" in prefill:  # a measured prefill table: the loop's own prefill at its prompt lengths
+        on_point("serving-loop prefill table")
+        prompts = tuple(prefill["table"]["prompt_tokens"])
+        prefill["table"] = {"prompt_tokens": list(prompts), "latency_s": prefill_medians_s(
+            model, drafter, gamma, prompts, np.random.default_rng(seed), warmup, repeats).tolist()}
+    isolated = dict(profile, prefill=prefill)
     on_point(f"serving-loop costs ({drafter.kind} drafter)")
     costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed,
                                max_lengths=max_lengths)
@@ -332,13 +341,20 @@ def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tok
     lengths = sorted(set(prompt_tokens))
     if len(lengths) < 2 or lengths[0] < 1:
         raise ValueError(f"measure_prefill needs two or more prompt lengths >= 1, got {prompt_tokens}")
-    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, lengths[-1] + 1)
-
-    def prefill_of(n: int) -> Callable[[], object]:  # a new prompt each run, drawn outside the timed call
-        return partial(batch.prefill, rng.integers(0, verifier.s.vocab_size, size=n).tolist(), rng)
     n = np.array(lengths, dtype=float)
-    t = np.array([statistics.median(run_times_s(partial(prefill_of, k), warmup, repeats)) for k in lengths])
+    t = prefill_medians_s(verifier, drafter, gamma, tuple(lengths), rng, warmup, repeats)
     slope, intercept = np.polyfit(n, t, 1)
     if slope <= 0 or intercept < 0:  # noise, or a convex curve: no fixed cost, the mean time kept
         return 0.0, float(n.mean() / t.mean())
     return float(intercept), float(1.0 / slope)
+
+
+def prefill_medians_s(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, ...],
+                      rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> np.ndarray:
+    """Median seconds of :meth:`LiveBatch.prefill` (verifier forward, the drafter's context, the first token) at
+    each of ``prompt_tokens`` (>= 1), a new random prompt each run."""
+    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, max(prompt_tokens) + 1)
+
+    def prefill_of(n: int) -> Callable[[], object]:  # a new prompt each run, drawn outside the timed call
+        return partial(batch.prefill, rng.integers(0, verifier.s.vocab_size, size=n).tolist(), rng)
+    return np.array([statistics.median(run_times_s(partial(prefill_of, k), warmup, repeats)) for k in prompt_tokens])

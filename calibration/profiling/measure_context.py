@@ -14,6 +14,10 @@ the dense verify table at context 0, the points below and turns them into
   target features (the serving loop does both for every prefilled token; the format has no
   other place for the drafter's share), minus the dense table at ``n`` batch tokens (so the
   chunk's causal attention within itself is in the table too).
+* ``prefill.table.latency_s[n]``: one request's whole prefill of ``n`` prompt tokens (a chunk of
+  ``n`` over 0 computed tokens: the verifier forward and the first drafter's context of it),
+  at the prompt lengths ``prefill_prompts``. Prefill is convex in the prompt (attention is
+  quadratic), which the version-1 line ``fixed_s + n / tokens_per_s`` cannot follow.
 * ``draft.<kind>`` with a context axis: the drafter step of
   :func:`calibration.profiling.calls.draft_call` at every (context, R, gamma). Every
   included drafter keeps its own KV cache of the context (the target's features injected
@@ -37,12 +41,16 @@ from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
 from calibration.profiling.calls import chunk_call, draft_call, verify_call
 from calibration.profiling.timing import Prepare
-from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, Version2Blocks
+from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, PrefillTableBlock, Version2Blocks
 
 # Context axes by device when the command is not given one (tokens): tens of thousands on a GPU, a few
 # thousand on a CPU where the tiny models attend over them in milliseconds.
 CPU_CONTEXTS = (0, 256, 512, 1024, 2048, 4096)
 GPU_CONTEXTS = (0, 1024, 2048, 4096, 8192, 16384, 32768)
+# Prompt lengths of the prefill table: on a CPU up to the longest context the long-context validation reaches
+# (4,096-token prompts + 4 x 64 output tokens), on a GPU up to 32k; midpoints where the curve bends most.
+CPU_PREFILL_PROMPTS = (1, 256, 512, 1024, 1536, 2048, 2560, 3072, 3584, 4096, 4352)
+GPU_PREFILL_PROMPTS = (1, 512, 1024, 2048, 4096, 8192, 12288, 16384, 24576, 32768)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class ContextAxes:
     chunks: tuple[int, ...]  # prefill chunk sizes (empty: no chunk_attention)
     chunk_contexts: tuple[int, ...]  # computed prompt tokens before a chunk
     attention_requests: int  # requests per attention probe
+    prefill_prompts: tuple[int, ...] = ()  # prompt lengths of prefill.table (empty: no table)
 
     def __post_init__(self) -> None:
         if not self.contexts or self.contexts[0] != 0:
@@ -62,11 +71,15 @@ class ContextAxes:
             raise ValueError(f"the query axis must start at 1 (a decoding request), got {self.queries}")
         if self.chunks and (not self.chunk_contexts or self.chunk_contexts[0] != 0):
             raise ValueError(f"the chunk context axis must start at 0, got {self.chunk_contexts}")
+        if self.prefill_prompts and (self.prefill_prompts[0] < 1 or any(
+                b <= a for a, b in zip(self.prefill_prompts, self.prefill_prompts[1:], strict=False))):
+            raise ValueError(f"the prefill prompt lengths must be >= 1 and increasing, got {self.prefill_prompts}")
         if self.attention_requests < 1:
             raise ValueError(f"attention_requests must be >= 1, got {self.attention_requests}")
 
     def num_points(self, num_drafters: int, num_requests: int, num_draft_tokens: int) -> int:
         return (len(self.contexts) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
+                + len(self.prefill_prompts)
                 + num_drafters * len(self.contexts) * num_requests * num_draft_tokens)
 
 
@@ -83,6 +96,8 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     for p in axes.chunk_contexts:
         for n in axes.chunks:
             points.append((f"chunk P={p} n={n}", chunk_call(model, forward, first, device, gen, n, p)))
+    for n in axes.prefill_prompts:
+        points.append((f"prefill n={n}", chunk_call(model, forward, first, device, gen, n, 0)))
     for kind, drafter in drafters.items():
         for c in axes.contexts:
             for r in num_requests:
@@ -108,6 +123,7 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         diffs = [next(times) - dense_s(n) for n in axes.chunks]
         clipped += sum(d < 0 for d in diffs)
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
+    prefill = tuple(next(times) for _ in axes.prefill_prompts)
     draft = {kind: ContextDraftTable(axes.contexts, num_requests, draft_tokens, tuple(
         tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.contexts))
         for kind in kinds}
@@ -115,6 +131,7 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
         chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows))
                          if axes.chunks else None),
+        prefill_table=PrefillTableBlock(axes.prefill_prompts, prefill) if prefill else None,
         draft=draft)
     meta = {
         "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
@@ -123,12 +140,16 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens, with the "
                                        f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - the verify "
                                        "table at n batch tokens"),
+        "prefill_table_definition": ("t(one request's prefill of n prompt tokens: a verifier forward over 0 "
+                                     f"computed tokens and the {kinds[0] if kinds else 'no'} drafter's context of "
+                                     "it), the whole time (no table subtracted)"),
         "draft_definition": ("drafter step (one committed token, then propose) of R requests at context C; each "
                              "drafter reads its own KV cache of the context (injected target features), none the "
                              "verifier's"),
         "negative_differences_written_as_0": clipped,
         "axes": {"contexts": list(axes.contexts), "queries": list(axes.queries), "chunks": list(axes.chunks),
-                 "chunk_contexts": list(axes.chunk_contexts), "attention_requests": a},
+                 "chunk_contexts": list(axes.chunk_contexts), "attention_requests": a,
+                 "prefill_prompts": list(axes.prefill_prompts)},
     }
     return blocks, meta
 

@@ -5,9 +5,10 @@
     python -m calibration.profile_gpu --preset tiny --format-version 2 --nice -15 --out tiny_v2.json
 
 ``--format-version 2`` measures the context axes as well (:mod:`calibration.profiling.measure_context`):
-attention over (context, query tokens), prefill chunks over computed prompt tokens and
+attention over (context, query tokens), prefill chunks over computed prompt tokens,
 drafter latency over context, on a context grid by device (CPU: 0..4096 tokens; GPU:
-0..32768) unless ``--context-tokens`` is given.
+0..32768) unless ``--context-tokens`` is given, and the prefill table over prompt tokens
+(CPU: 1..4352, the long-context validation's reach; GPU: 1..32768; ``--prefill-prompts``).
 
 What is timed, and how, is :mod:`calibration.profiling.measure`; the file is written by
 :mod:`calibration.profiling.profile_file`. This module owns the options and the
@@ -27,7 +28,13 @@ from tqdm import tqdm
 
 from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES
 from calibration.profiling.measure import DTYPES, ProfileConfig, batch_grid, count_points, measure
-from calibration.profiling.measure_context import CPU_CONTEXTS, GPU_CONTEXTS, ContextAxes
+from calibration.profiling.measure_context import (
+    CPU_CONTEXTS,
+    CPU_PREFILL_PROMPTS,
+    GPU_CONTEXTS,
+    GPU_PREFILL_PROMPTS,
+    ContextAxes,
+)
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.roofline import requests_grid
 from calibration.profiling.timing import scheduling_priority
@@ -85,6 +92,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "--max-batch-tokens)")
     p.add_argument("--chunk-contexts", default="auto",
                    help="version 2: computed prompt tokens before a chunk, starting at 0 (auto: the context axis)")
+    p.add_argument("--prefill-prompts", default="auto",
+                   help="version 2: prompt lengths of the prefill table, from 1 ('' for no table; auto: "
+                        f"{','.join(map(str, CPU_PREFILL_PROMPTS))} on CPU, "
+                        f"{','.join(map(str, GPU_PREFILL_PROMPTS))} on CUDA)")
     p.add_argument("--attention-requests", type=int, default=4,
                    help="version 2: requests per attention probe (default: %(default)s)")
     p.add_argument("--nice", type=int, default=None,
@@ -139,7 +150,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     if args.query_tokens < 1 or repeats < 1 or warmup < 0 or min(gammas) < 1:
         raise SystemExit("--query-tokens, --repeats and every gamma must be >= 1, --warmup >= 0")
     contexts = tuple(sorted(set(contexts)))
-    axes = None if args.format_version == 1 else _context_axes(args, contexts, max(gammas), max(batch))
+    axes = None if args.format_version == 1 else _context_axes(args, contexts, max(gammas), max(batch), device)
     return ProfileConfig(args.preset, drafters, device, dtype, tuple(batch), tuple(int(r) for r in reqs),
                          tuple(sorted(set(gammas))), contexts, args.query_tokens,
                          (prefill[0], prefill[1]), warmup, repeats, args.seed, args.compile,
@@ -157,13 +168,16 @@ def _default_contexts(args: argparse.Namespace, device: str) -> tuple[int, ...]:
 
 
 def _context_axes(args: argparse.Namespace, contexts: tuple[int, ...], max_gamma: int,
-                  max_batch_tokens: int) -> ContextAxes:
+                  max_batch_tokens: int, device: str) -> ContextAxes:
     """The version-2 grids from the options (``auto``: see the help)."""
     def option(text: str, auto: tuple[int, ...], what: str) -> tuple[int, ...]:
         return tuple(sorted(set(auto if text == "auto" else _ints(text, what) if text.strip() else ())))
     if args.quick:
         queries, chunks, chunk_contexts = (1, 2, 3, 5, 9), (16, 64), (0, 512)
+        prompts = option(args.prefill_prompts, (1, 512, 2048), "--prefill-prompts")
     else:
+        prompts = option(args.prefill_prompts, GPU_PREFILL_PROMPTS if device.startswith("cuda")
+                         else CPU_PREFILL_PROMPTS, "--prefill-prompts")
         queries = option(args.attention_queries, tuple(range(1, max_gamma + 2)), "--attention-queries")
         chunks = option(args.chunk_tokens, tuple(n for n in (64, 128, 256, 512, 1024) if n <= max_batch_tokens),
                         "--chunk-tokens")
@@ -172,7 +186,7 @@ def _context_axes(args: argparse.Namespace, contexts: tuple[int, ...], max_gamma
         raise SystemExit(f"--chunk-tokens: a chunk is priced against the verify table, which ends at "
                          f"{max_batch_tokens} batch tokens; got {max(chunks)}")
     try:
-        return ContextAxes(contexts, queries, chunks, chunk_contexts, args.attention_requests)
+        return ContextAxes(contexts, queries, chunks, chunk_contexts, args.attention_requests, prompts)
     except ValueError as err:
         raise SystemExit(f"profile_gpu: {err}") from err
 

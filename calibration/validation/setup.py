@@ -178,9 +178,11 @@ def profile_config(cfg: ValidationConfig) -> ProfileConfig:
         if cfg.prefill == "chunked" and cfg.token_budget is not None:  # chunk sizes up to the budget
             chunks = tuple(sorted({1, *(c for c in (8, 16, 32, 64, 128, 256, 512, 1024) if c < cfg.token_budget),
                                    cfg.token_budget}))
+        # disaggregated: a prefill table over the traffic's prompts (prefill is convex in the prompt)
+        prompts = (1, *validation_contexts(cfg.max_prompt_tokens)[1:]) if cfg.prefill == "disaggregated" else ()
         # chunk contexts over the whole axis: the simulator's start check asks for every context a request reaches
         axes = ContextAxes(contexts, tuple(range(1, cfg.gamma + 2)), chunks, contexts if chunks else (),
-                           attention_requests=4)
+                           attention_requests=4, prefill_prompts=prompts)
     return ProfileConfig(
         preset="tiny", drafters=(cfg.drafter,), device="cpu", dtype="float32",
         batch_tokens=tuple(sorted(set(batch_grid(max_batch, "quick")) | set(axes.chunks if axes else ()))),
