@@ -93,3 +93,27 @@ def test_prompts_outside_the_table_are_refused_at_start(tabled):
         check_spec(paged)
     chunked = closed_spec(make_policy("none"), tabled, 2, prompt_tokens=3000, output_tokens=50, mode="chunked")
     check_spec(chunked)  # chunked mode prices chunks, not this table
+
+
+def test_the_roofline_table_is_convex_and_interpolates_close_to_the_roofline():
+    from calibration.profiling.analytic import BF16, _roofline
+    from calibration.profiling.context_tables import prefill_axis, prefill_table_block
+    from calibration.profiling.roofline import Assumptions
+
+    roof = _roofline("qwen3-8b", "h200", Assumptions(), BF16)
+    prompts = prefill_axis(262144)
+    assert prompts[:4] == (1, 64, 128, 192) and prompts[-1] == 262144
+    block = prefill_table_block(roof, prompts)
+    table = profile_from_dict(Version2Blocks(prefill_table=block).apply(load_profile(
+        "h200_qwen3-8b_v2_analytic").raw, "roof.json"), "roof.json")
+    # A prefill is the chunk the simulator would price at context 0: dense part plus its attention over itself.
+    n = np.array([128, 4096, 32768])
+    chunk = roof.dense_step_s(n) + np.where(n > roof.assume.max_graph_tokens, roof.assume.eager_overhead_s, 0.0) \
+        + roof.attention_s(np.zeros(3), n)
+    np.testing.assert_allclose(table.prefill_s(n), chunk, rtol=1e-12)
+    per_token = table.prefill_s(np.array([8192, 65536, 262144])) / np.array([8192, 65536, 262144])
+    assert per_token[0] < per_token[1] < per_token[2] / 2  # quadratic attention dominates long prompts
+    between = np.sqrt(np.array(prompts[1:-1]) * np.array(prompts[2:])).astype(np.int64)  # inside every cell
+    long = between > 2048  # shorter prompts: within a GEMM tile's cost of the roofline's staircase
+    np.testing.assert_allclose(table.prefill_s(between[long]), roof.prefill_s(between[long]), rtol=0.04)
+    np.testing.assert_allclose(table.prefill_s(between[~long]), roof.prefill_s(between[~long]), rtol=0.12)

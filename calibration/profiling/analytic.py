@@ -10,7 +10,7 @@ Version 1 (the default, kept byte for byte for the shipped files): the verify ta
 :func:`~calibration.profiling.roofline.verify_grid` with attention FLOPs at a reference
 context and the eager overhead folded in, KV reads at that context per request. Version 2:
 the dense part alone in CUDA-graph mode, the ``cuda_graphs`` cliff, attention over (context,
-query tokens), prefill chunk attention and context-aware drafter tables
+query tokens), prefill chunk attention, a prefill table over prompt tokens and context-aware drafter tables
 (:mod:`calibration.profiling.context_tables`), no per-request table (the roofline's was only
 KV reads), an optional token budget, BF16 or FP8 weights and KV. Every constant the
 numbers rest on goes into the metadata (the GPU's with its datasheet).
@@ -34,6 +34,8 @@ from calibration.profiling.context_tables import (
     chunk_axis,
     cuda_graphs_block,
     draft_tables,
+    prefill_axis,
+    prefill_table_block,
     query_axis,
 )
 from calibration.profiling.drafter_cost import draft_latency_s
@@ -148,6 +150,7 @@ def build_document_v2(model: str, gpu: str, assume: Assumptions | None = None, p
         cuda_graphs=cuda_graphs_block(roof),
         token_budget=None if token_budget is None else TokenBudgetBlock(token_budget),
         chunk_attention=chunk_attention_block(roof, contexts, chunks),
+        prefill_table=prefill_table_block(roof, prefill_axis(grid.max_context_tokens)),
         draft=draft_tables(roof, drafters, contexts, reqs, gammas))
     metadata = ProfileMetadata(
         source="analytic", device=_device(roof), model=model,
@@ -182,8 +185,11 @@ def _details_v2(roof: Roofline, drafters: dict[str, DrafterShape], grid: Context
             "cuda_graphs": "assumptions.max_graph_tokens and assumptions.eager_overhead_s",
             "token_budget": ("none stated (a deployment setting: --token-budget, or cluster.max_num_batched_tokens)"
                              if token_budget is None else "stated with --token-budget"),
-            "prefill": "disaggregated prefill pool: tokens at half the reference assumptions.context_tokens on "
-                       "average",
+            "prefill": "fixed_s and tokens_per_s (version 1's line, not used in pricing when the table is "
+                       "there): tokens at half the reference assumptions.context_tokens on average",
+            "prefill_table": "one prefill of n prompt tokens: the verify formula (dense part) over n tokens, the "
+                             "eager overhead above max_graph_tokens, and the attention formula at context 0 with n "
+                             "query tokens (causal, quadratic in n)",
             "draft": DRAFTER_CONTEXT,
             "per_request": "none: the version-1 table held only KV reads, now in attention",
         },

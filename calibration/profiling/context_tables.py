@@ -9,6 +9,8 @@ into those blocks:
   query tokens 1 .. 1 + ``max_draft_tokens`` (every integer: the query axis of verification);
 * ``prefill.chunk_attention``: the same function over (prompt tokens already computed, chunk
   tokens 1 .. the largest step), what a co-located prefill chunk attends to;
+* ``prefill.table``: :meth:`Roofline.prefill_s` (dense part over the prompt plus its causal
+  attention over itself) over prompt tokens 1 .. ``max_context_tokens``;
 * ``draft.<kind>`` with a context axis: :func:`~calibration.profiling.drafter_cost.draft_latency_s`
   at the batch's mean context (every drafter here reads its own KV of the context; the
   windowed ones stop growing at their window);
@@ -28,7 +30,7 @@ import numpy as np
 from calibration.models.shapes import DrafterShape
 from calibration.profiling.drafter_cost import draft_latency_s
 from calibration.profiling.roofline import Roofline
-from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, CudaGraphsBlock
+from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, CudaGraphsBlock, PrefillTableBlock
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,23 @@ def chunk_axis(max_batch_tokens: int) -> tuple[int, ...]:
     for linear interpolation: within 1% of the roofline from 64 tokens up."""
     points = {*range(1, 65), *range(64, 513, 16), *range(512, max_batch_tokens + 1, 64), max_batch_tokens}
     return tuple(sorted(p for p in points if p <= max_batch_tokens))
+
+
+def prefill_axis(max_prompt_tokens: int) -> tuple[int, ...]:
+    """Prompt lengths of the prefill table: 1, every 64 (a GEMM tile) up to 1024, then powers of two and the
+    midpoints between them, up to the end. Below ~1k tokens the roofline is a staircase (graph buckets, tiles)
+    and turns from memory- to compute-bound; above, the prefill becomes quadratic in the prompt and the midpoints
+    keep linear interpolation within 4% of it (a chord over [x, 2x] alone overstates the quadratic part by 11%
+    in its middle)."""
+    points = {1, max_prompt_tokens, *range(64, 1025, 64)}
+    for k in range(10, 40):
+        points |= {p for p in (1 << k, 3 << (k - 1)) if p < max_prompt_tokens}
+    return tuple(sorted(points))
+
+
+def prefill_table_block(roof: Roofline, prompts: tuple[int, ...]) -> PrefillTableBlock:
+    """``prefill.table.latency_s[prompt tokens]`` from the roofline (:meth:`Roofline.prefill_s`)."""
+    return PrefillTableBlock(prompts, tuple(float(v) for v in roof.prefill_s(np.array(prompts))))
 
 
 def attention_block(roof: Roofline, contexts: tuple[int, ...], queries: tuple[int, ...]) -> AttentionBlock:

@@ -317,6 +317,16 @@ class Roofline:
         memory_s = kv_bytes / (self.kv_read_shards * self.gpu.hbm_bytes_per_s * a.memory_efficiency)
         return np.maximum(compute_s, memory_s)
 
+    def prefill_s(self, prompt_tokens: np.ndarray) -> np.ndarray:
+        """Version 2's ``prefill.table``: one disaggregated prefill of n prompt tokens as one forward - the dense
+        part over n tokens (:meth:`dense_step_s`), the eager overhead above the largest captured graph and the
+        prompt's causal attention over itself (:meth:`attention_s` at context 0 with n query tokens: n (n + 1) / 2
+        (query, key) pairs, so the cost is quadratic in n once attention FLOPs dominate). Exactly what the
+        simulator prices a chunk of n tokens over 0 computed ones at, in chunked mode."""
+        n = np.asarray(prompt_tokens, dtype=np.int64)
+        eager = np.where(n > self.assume.max_graph_tokens, self.assume.eager_overhead_s, 0.0)
+        return self.dense_step_s(n) + eager + self.attention_s(np.zeros(n.shape), n)
+
     def prefill(self) -> tuple[float, float]:
         """(fixed_s, tokens_per_s): compute-bound throughput at the reference context (causal: half of it
         attended on average); fixed cost = step overhead + one read of the weights."""
