@@ -24,7 +24,13 @@ from typing import ClassVar, Literal, Protocol, get_args
 
 import numpy as np
 
+from policies import kernels
+
 Objective = Literal["tokens_x_sps", "tokens_per_s"]
+
+# Tables of at most this many survivals are sorted inside the kernels; larger ones by numpy's vectorised sort,
+# which is faster from a few hundred entries on. Either way the sorted values are the same.
+SMALL_TABLE_ENTRIES = 256
 
 
 def check_objective(policy: str, objective: str) -> None:
@@ -185,18 +191,14 @@ class PolicyTraits:
 def survival_by_position(confidence: np.ndarray) -> np.ndarray:
     """a[r, j] laid out position-major -> [gamma, R] (C order; its ``.T`` is the [R, gamma] table).
 
-    Position-major is the tie-break order of the sorted path, and the products run
-    over whole positions (gamma vector operations over R requests), which is faster
-    than R short row-wise cumulative products. Each entry is the same left-to-right
-    product as :func:`prefix_survival`, so the values are identical.
+    Position-major is the tie-break order of the sorted path. Each entry is the same
+    left-to-right product as :func:`prefix_survival`, so the values are identical
+    (float64 tables go through :func:`policies.kernels.survival_position_major`).
     """
     confidence = np.asarray(confidence)
-    if confidence.dtype != np.float64:  # keep cumprod's own result type for other inputs
+    if confidence.dtype != np.float64 or confidence.ndim != 2:  # keep cumprod's own result type for other inputs
         return np.ascontiguousarray(np.cumprod(confidence, axis=1).T)
-    by_position = np.array(confidence.T, order="C")  # [gamma, R]
-    for j in range(1, by_position.shape[0]):
-        np.multiply(by_position[j - 1], by_position[j], out=by_position[j])
-    return by_position
+    return kernels.survival_position_major(confidence)
 
 
 def trim_to_budget(lengths: np.ndarray, draft_budget: int | None) -> np.ndarray:
@@ -242,7 +244,12 @@ def descending_survivals(survival: np.ndarray) -> tuple[np.ndarray, bool]:
 
     Only values are sorted, so the memory layout of ``survival`` does not matter.
     """
-    ascending = np.sort(survival.T if survival.flags.f_contiguous else survival, axis=None)
+    table = survival.T if survival.flags.f_contiguous else survival
+    if table.dtype == np.float64:  # the kernel reads the positive values off the ascending order
+        if table.size <= SMALL_TABLE_ENTRIES:
+            return kernels.descending_positive(table.ravel(), False)
+        return kernels.descending_positive(np.sort(table, axis=None), True)
+    ascending = np.sort(table, axis=None)
     if ascending.size and ascending[-1] != ascending[-1]:  # NaN sorts last: keep the plain order (NaN dropped)
         values = -np.sort(-survival, axis=None)
         return values[: np.count_nonzero(values > 0.0)], False
@@ -264,6 +271,10 @@ def top_k_lengths(survival: np.ndarray, k: int, kth: float | None = None) -> np.
     if k <= 0:
         return np.zeros(num_requests, dtype=np.int64)
     by_position = survival.T  # [gamma, R]: position-major, the tie-break order (a view when built that way)
+    if by_position.dtype == np.float64:
+        lengths = _top_k_compiled(by_position, k, kth)
+        if lengths is not None:
+            return lengths
     flat = by_position.ravel()
     if k < flat.size:
         if kth is None:
@@ -282,9 +293,30 @@ def top_k_lengths(survival: np.ndarray, k: int, kth: float | None = None) -> np.
     return admitted.reshape(gamma, num_requests).sum(axis=0, dtype=np.int64)
 
 
+def _top_k_compiled(by_position: np.ndarray, k: int, kth: float | None) -> np.ndarray | None:
+    """:func:`top_k_lengths` of a float64 table (k >= 1) by the kernel, or None when a tie at the k-th value
+    straddles the cut or the k-th value is not known without numpy's NaN ordering (then numpy decides)."""
+    size = by_position.size
+    if k >= size:
+        kth = 0.0  # every positive entry fits
+    elif kth is None:
+        if size <= SMALL_TABLE_ENTRIES:
+            nan_free, kth = kernels.kth_largest(by_position.ravel(), k)
+            if not nan_free:
+                return None
+        else:
+            kth = np.partition(by_position, size - k, axis=None)[size - k]
+    complete, lengths = kernels.lengths_from_kth(by_position, k, kth)
+    return lengths if complete else None
+
+
 def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,
                     objective: Objective = "tokens_x_sps") -> np.ndarray:
     """Theta after admitting 0, 1, ..., n entries of a sorted path -> [n + 1]."""
+    if isinstance(num_requests, (int, np.integer)) and survivals.dtype == np.float64 and survivals.ndim == 1:
+        sps = cost.sps_run(int(num_requests), survivals.size + 1)
+        code = kernels.TOKENS_X_SPS if objective == "tokens_x_sps" else kernels.TOKENS_PER_S
+        return kernels.path_throughput(survivals, float(num_requests), sps, code, float(cost.draft_s))
     theta = np.empty(survivals.size + 1)  # first tau*, then Theta in place
     theta[0] = 0.0
     np.add.accumulate(survivals, out=theta[1:])  # np.cumsum's own loop, without its wrapper's overhead

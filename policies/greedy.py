@@ -20,6 +20,7 @@ from policies.base import (
     survival_by_position,
     top_k_lengths,
 )
+from policies import kernels
 from policies.registry import register
 
 
@@ -27,13 +28,10 @@ def early_stop_count(theta: np.ndarray) -> int:
     """Entries admitted when walking a path until Theta first fails to rise.
 
     ``theta[n]`` is the throughput after admitting n entries (``theta[0]`` is the
-    plain-decoding value). Admission stops at the first n with theta[n] <= theta[n-1].
+    plain-decoding value). Admission stops at the first n with theta[n] <= theta[n-1]
+    (a NaN compares false, so the walk stops there too).
     """
-    rising = theta[1:] > theta[:-1]
-    if rising.size == 0:
-        return 0
-    first_fall = int(np.argmin(rising))  # the first False, or 0 when every entry rises
-    return first_fall if not rising[first_fall] else int(rising.size)
+    return int(kernels.early_stop_count(np.asarray(theta, dtype=np.float64)))
 
 
 def best_prefix_count(theta: np.ndarray) -> int:

@@ -1,8 +1,8 @@
 """The family of policies, found by discovery: one module per family, one ``@register`` per policy.
 
 Every top-level module of :mod:`policies` other than the contract (``base``),
-the driver (``driver``) and this file is imported once, the first time the
-registry is read; each policy class in it announces itself with
+its compiled loops (``kernels``), the driver (``driver``) and this file is
+imported once, the first time the registry is read; each policy class in it announces itself with
 :func:`register`. Adding a policy is one module here plus one Hydra yaml in
 ``experiments/conf/policy/``: nothing else lists policies.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from policies.base import Policy
 
-_NOT_POLICIES = frozenset({"base", "driver", "registry"})
+_NOT_POLICIES = frozenset({"base", "driver", "kernels", "registry"})
 _MTP_NAME = re.compile(r"mtp(\d+)")
 _registered: dict[str, type] = {}
 _discovered = False

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from policies.base import Decision, PolicyTraits, StepView, survival_by_position, trim_to_budget
+from policies import kernels
 from policies.registry import register
 
 
@@ -37,9 +38,15 @@ class Threshold(PolicyTraits):
 
     def decide(self, view: StepView) -> Decision:
         by_position = survival_by_position(view.confidence)  # [gamma, R]
+        budget = view.draft_budget
+        if view.confidence.dtype == np.float64 and by_position.ndim == 2:  # the same rules, compiled
+            lengths, total = kernels.threshold_lengths(view.confidence, by_position, float(self.theta),
+                                                       self.variant == "prefix", budget is not None,
+                                                       0 if budget is None else budget)
+            return Decision(lengths=lengths, pool=by_position.T, capacity=total)
         if self.variant == "prefix":
             passed = by_position >= self.theta
         else:
             passed = np.logical_and.accumulate(view.confidence.T >= self.theta, axis=0)  # [gamma, R]
-        lengths = trim_to_budget(passed.sum(axis=0, dtype=np.int64), view.draft_budget)
+        lengths = trim_to_budget(passed.sum(axis=0, dtype=np.int64), budget)
         return Decision(lengths=lengths, pool=by_position.T, capacity=int(lengths.sum()))

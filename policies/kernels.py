@@ -1,0 +1,175 @@
+"""Compiled loops behind the policy helpers of :mod:`policies.base` (numba, ``cache=True``).
+
+Each kernel computes exactly what its numpy formulation in :mod:`policies.base` computes - the same IEEE
+operations on the same values in the same order - so decisions are identical, ties and NaN included
+(tests/test_decision_speed_equivalence.py compares them entry by entry). They exist because a decision
+over a few hundred survivals is dominated by the fixed cost of many small numpy calls, not by arithmetic.
+
+* :func:`survival_position_major` - prefix survivals ``a[r, j] = a[r, j - 1] * c[r, j]`` laid out [gamma, R].
+* :func:`descending_positive` - the positive, non-NaN values of a table in descending order (the sorted
+  path's values), sorting here for small tables and reading numpy's (vectorised) sort for large ones.
+* :func:`path_throughput` - Theta after admitting 0..n entries of a sorted path.
+* :func:`early_stop_count` - Algorithm 1's stop: entries admitted until Theta first fails to rise.
+* :func:`lengths_from_kth` - top-K lengths when no tie at the K-th value is left out (the caller handles
+  the rare straddling tie in numpy, in tie-break order).
+* :func:`kth_largest` - the K-th largest entry of a small NaN-free table.
+* :func:`threshold_lengths` - both threshold rules, trimmed to a draft-token budget.
+* :func:`length_summary` - min, max and sum of a decision's lengths, for the driver's checks.
+
+The first call of each kernel compiles it (or loads it from numba's on-disk cache, ``__pycache__``).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+# Objectives as the kernels take them (policies.base.Objective names them).
+TOKENS_X_SPS = 0
+TOKENS_PER_S = 1
+
+
+@numba.njit(cache=True)
+def survival_position_major(confidence):  # [R, gamma] float64 -> [gamma, R]
+    """a[r, j] = prod_{i <= j} c[r, i], multiplied left to right, laid out position-major."""
+    num_requests, gamma = confidence.shape
+    by_position = np.empty((gamma, num_requests))
+    for r in range(num_requests):
+        running = 1.0
+        for j in range(gamma):
+            running = running * confidence[r, j] if j else confidence[r, j]
+            by_position[j, r] = running
+    return by_position
+
+
+@numba.njit(cache=True)
+def descending_positive(values, presorted):  # [N] float64 -> ([n] float64, bool)
+    """The entries > 0 of ``values`` in descending order and whether ``values`` is free of NaN.
+
+    ``presorted``: ``values`` is already in ascending order (NaN last, as numpy sorts); otherwise it is
+    sorted here (numba's sort, also NaN last). NaN entries are dropped, like every non-positive one.
+    """
+    ascending = values if presorted else np.sort(values)
+    top = ascending.size
+    while top > 0 and ascending[top - 1] != ascending[top - 1]:  # NaN
+        top -= 1
+    nan_free = top == ascending.size
+    bottom = top
+    while bottom > 0 and ascending[bottom - 1] > 0.0:
+        bottom -= 1
+    out = np.empty(top - bottom)
+    for i in range(top - bottom):
+        out[i] = ascending[top - 1 - i]
+    return out, nan_free
+
+
+@numba.njit(cache=True)
+def path_throughput(survivals, num_requests, sps, objective, draft_s):  # [n] -> [n + 1]
+    """Theta after admitting 0..n entries: tau* = R + (running sum from the left), times SPS (or per second).
+
+    ``sps[n]`` is SPS at ``num_requests + n`` batch tokens. The running sum starts with the first entry
+    itself (as ``np.add.accumulate`` does) and R is added afterwards, as the numpy formulation does.
+    """
+    count = survivals.size
+    theta = np.empty(count + 1)
+    running = 0.0
+    for n in range(count + 1):
+        if n:
+            running = running + survivals[n - 1] if n > 1 else survivals[0]
+        expected = running + num_requests
+        if objective == TOKENS_X_SPS:
+            theta[n] = expected * sps[n]
+        else:
+            theta[n] = expected / (draft_s + 1.0 / sps[n])
+    return theta
+
+
+@numba.njit(cache=True)
+def early_stop_count(theta):  # [n + 1] -> int
+    """The first n with theta[n + 1] <= theta[n] (NaN compares false, so it stops there); n when Theta always rises."""
+    for n in range(1, theta.size):
+        if not theta[n] > theta[n - 1]:
+            return n - 1
+    return max(theta.size - 1, 0)
+
+
+@numba.njit(cache=True)
+def lengths_from_kth(by_position, k, kth):  # [gamma, R] -> (bool, [R] int64)
+    """Lengths admitting every entry >= ``kth`` (the k-th largest) when it is positive and exactly k entries
+    are >= kth, or every positive entry when there are at most k; ``(False, ...)`` otherwise (a tie at the
+    k-th value straddles the cut: only the first ties in tie-break order fit)."""
+    gamma, num_requests = by_position.shape
+    lengths = np.zeros(num_requests, dtype=np.int64)
+    at_or_above = 0
+    positive = 0
+    for j in range(gamma):
+        for r in range(num_requests):
+            value = by_position[j, r]
+            if value >= kth:
+                at_or_above += 1
+            if value > 0.0:
+                positive += 1
+    if kth > 0.0 and at_or_above == k:  # the common case: no tie at the k-th value is left out
+        bound = kth
+    elif positive <= k:  # every positive entry fits
+        bound = 0.0
+    else:
+        return False, lengths
+    for j in range(gamma):
+        for r in range(num_requests):
+            value = by_position[j, r]
+            if value >= bound and value > 0.0:
+                lengths[r] += 1
+    return True, lengths
+
+
+@numba.njit(cache=True)
+def kth_largest(values, k):  # [N] float64 -> (bool, float)
+    """The k-th largest entry (1 <= k <= N) of ``values``; ``(False, nan)`` when ``values`` holds a NaN."""
+    for value in values:
+        if value != value:
+            return False, np.nan
+    return True, np.sort(values)[values.size - k]
+
+
+@numba.njit(cache=True)
+def threshold_lengths(confidence, by_position, theta, prefix, has_budget, draft_budget):  # -> ([R] int64, sum)
+    """l_r = #{j : a[r, j] >= theta} (``prefix``) or the length of the run of c[r, j] >= theta from j = 1,
+    then, with a budget, cut in request order so that they sum to at most ``draft_budget``; and their sum."""
+    gamma, num_requests = by_position.shape
+    lengths = np.zeros(num_requests, dtype=np.int64)
+    total = 0
+    for r in range(num_requests):
+        length = 0
+        for j in range(gamma):
+            if prefix:
+                if by_position[j, r] >= theta:
+                    length += 1
+            elif confidence[r, j] >= theta:
+                length += 1
+            else:
+                break
+        lengths[r] = length
+        total += length
+    if has_budget and total > draft_budget:
+        before = 0
+        total = 0
+        for r in range(num_requests):
+            length = lengths[r]
+            lengths[r] = min(max(draft_budget - before, 0), length)
+            before += length
+            total += lengths[r]
+    return lengths, total
+
+
+@numba.njit(cache=True)
+def length_summary(lengths):  # [R] int64 -> (min, max, sum)
+    low, high, total = 0, 0, 0
+    for i in range(lengths.size):
+        value = lengths[i]
+        if i == 0 or value < low:
+            low = value
+        if i == 0 or value > high:
+            high = value
+        total += value
+    return low, high, total
