@@ -23,6 +23,7 @@ import simpy
 
 from simulator.costs.coverage import RunDemand, check_budget, check_profile_covers
 from simulator.engine import DecodeEngine, StepLog
+from simulator.prefill_pool import PrefillPool
 from simulator.requests import RequestStore
 from simulator.specs import LossyPolicyWarning, SimulationSpec
 from traces.synthetic import RequestSampler, TrafficSpec, synthetic_workload
@@ -63,7 +64,8 @@ class Cluster:
                          token_budget=spec.cluster.token_budget(spec.profile.token_budget))
             for i in range(spec.cluster.num_decode_engines)
         ]
-        self.prefill = simpy.Resource(self.env, capacity=spec.cluster.num_prefill_instances)
+        self.prefill = PrefillPool(self.env, spec.cluster.num_prefill_instances, spec.profile.prefill_s,
+                                   self._prefill_started, self._prefilled)
         self._next_engine = 0
         self.num_expected: int | None = None  # open loop: requests that must finish
         self.num_finished = 0
@@ -145,26 +147,24 @@ class Cluster:
         if self.spec.cluster.mode == "chunked":
             self._route(rid).submit(rid)
         else:
-            self.env.process(self._prefill(rid))
+            self.prefill.join(rid, int(self.store.prompt_tokens[rid]), True)
 
     def _recompute(self, request_ids: np.ndarray, kv_tokens: np.ndarray) -> None:
         """Disaggregated + paged KV: preempted requests recompute ``kv_tokens`` of KV in the prefill pool and go
         back to their engine (no new first token)."""
         for rid, tokens in zip(request_ids.tolist(), kv_tokens.tolist(), strict=True):
-            self.env.process(self._prefill_again(rid, tokens))
+            self.prefill.join(rid, tokens, False)
 
-    def _prefill_again(self, rid: int, kv_tokens: int):
-        with self.prefill.request() as slot:
-            yield slot
-            yield self.env.timeout(float(self.spec.profile.prefill_s(kv_tokens)))
-        self.engines[int(self.store.engine[rid])].submit(rid)
+    def _prefill_started(self, rid: int) -> None:
+        self.store.prefill_start_at[rid] = self.env.now
 
-    def _prefill(self, rid: int):
+    def _prefilled(self, rid: int, first: bool) -> None:
+        """A prefill ended: a first one emits the first token and goes to the router (or finishes, for a
+        one-token output); a recomputation goes back to its engine."""
         store = self.store
-        with self.prefill.request() as slot:
-            yield slot
-            store.prefill_start_at[rid] = self.env.now
-            yield self.env.timeout(float(self.spec.profile.prefill_s(store.prompt_tokens[rid])))
+        if not first:
+            self.engines[int(store.engine[rid])].submit(rid)
+            return
         store.first_token_at[rid] = self.env.now
         if store.output_tokens[rid] == 1:
             store.finished_at[rid] = self.env.now

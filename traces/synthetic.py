@@ -82,6 +82,9 @@ class RequestSampler:
         weights = np.array([spec.domain_mix[n] for n in names], dtype=float)
         self._domain_idx = np.array([DOMAINS.index(n) for n in names])
         self._probs = weights / weights.sum()
+        # What Generator.choice(size, p=probs) computes: one uniform per draw, located in the normalised CDF.
+        self._cdf = self._probs.cumsum()
+        self._cdf /= self._cdf[-1]
         lengths = [spec.lengths[DOMAINS[i]] for i in range(len(DOMAINS))]
         self._prompt_mu = np.log([s.prompt_median_tokens for s in lengths])
         self._prompt_sigma = np.array([s.prompt_sigma for s in lengths])
@@ -89,7 +92,8 @@ class RequestSampler:
         self._output_sigma = np.array([s.output_sigma for s in lengths])
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        domain = self._domain_idx[rng.choice(self._probs.size, size=n, p=self._probs)]
+        # rng.choice(self._probs.size, size=n, p=self._probs) draw for draw, without its per-call checks of p.
+        domain = self._domain_idx[self._cdf.searchsorted(rng.random(n), side="right")]
         normals = rng.standard_normal((2, n))
         prompt = np.ceil(np.exp(self._prompt_mu[domain] + self._prompt_sigma[domain] * normals[0]))
         output = np.ceil(np.exp(self._output_mu[domain] + self._output_sigma[domain] * normals[1]))
