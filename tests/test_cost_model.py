@@ -183,6 +183,38 @@ def test_drafter_latency_may_depend_on_context(default_profile):
     assert medians[30000] > 1.5 * medians[200]
 
 
+def test_a_padded_drafter_is_read_at_the_batch_longest_context(default_profile, tmp_path):
+    from simulator.costs.step_cost import StepPricer
+
+    grid = (((1e-3, 2e-3), (2e-3, 4e-3)), ((3e-3, 4e-3), (4e-3, 6e-3)))
+    contexts = np.array([1000, 3000, 80000])
+    prices = {}
+    for padding in ("none", "longest"):
+        table = ContextDraftTable((0, 100000), (1, 64), (1, 8), grid, key_padding=padding)  # type: ignore[arg-type]
+        raw = Version2Blocks(attention=linear_attention(), draft={"dspark": table}).apply(default_profile.raw)
+        profile = profile_from_dict(raw, "pad.json")
+        pricer = StepPricer(profile, profile, make_policy("mtp1"), "dspark", 1)
+        draft_s, _, curve = pricer.before_decision(3, contexts)
+        assert curve.draft_s == draft_s  # what the policy sees is what the step is charged
+        prices[padding] = draft_s
+        assert ("key_padding" in raw["draft"]["dspark"]) == (padding == "longest")
+    assert prices["none"] == pytest.approx(profile.draft_s("dspark", 3, 1, float(contexts.mean())))
+    assert prices["longest"] == pytest.approx(profile.draft_s("dspark", 3, 1, 80000.0))
+    assert prices["longest"] > prices["none"]
+    bad = copy.deepcopy(raw)
+    del bad["draft"]["dspark"]["context_tokens"]
+    bad["draft"]["dspark"]["latency_s"] = [list(row) for row in grid[0]]
+    path = tmp_path / "bad_pad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ProfileError, match=r"'draft\.dspark\.key_padding' needs 'draft\.dspark\.context_tokens'"):
+        load_profile(path)
+    bad = copy.deepcopy(raw)
+    bad["draft"]["dspark"]["key_padding"] = "max"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ProfileError, match=r"'draft\.dspark\.key_padding' must be one of none, longest"):
+        load_profile(path)
+
+
 def test_contexts_outside_the_attention_table_are_refused_at_start(default_profile):
     short = v2_profile(default_profile, attention=linear_attention())
     spec = closed_spec(make_policy("none"), short, 4, prompt_tokens=200000, output_tokens=100000)

@@ -172,8 +172,10 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, draft tokens) {missing}; "
                          "lengthen the probe (duration_s)")
-    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, c / r) for r, g, c in
-                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], strict=True)])
+    padded = drafter.kind in isolated.draft and isolated.draft[drafter.kind].key_padding == "longest"
+    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, m if padded else c / r) for r, g, c, m in
+                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], s["max_context_tokens"],
+                              strict=True)])
     iso_verify = np.array([isolated.verify_s(r, b) + _attention_s(isolated, r, k, c, m) for r, b, k, c, m in
                            zip(s["num_requests"], s["batch_tokens"], s["draft_tokens"], s["context_tokens"],
                                s["max_context_tokens"], strict=True)])

@@ -21,7 +21,9 @@ the dense verify table at context 0, the points below and turns them into
 * ``draft.<kind>`` with a context axis: the drafter step of
   :func:`calibration.profiling.calls.draft_call` at every (context, R, gamma). Every
   included drafter keeps its own KV cache of the context (the target's features injected
-  into its layers); none reads the verifier's cache.
+  into its layers); none reads the verifier's cache. Like the verifier, a drafter pads every
+  request's keys to the longest context in its batch, so the tables say ``key_padding:
+  "longest"`` and the simulator reads them at the batch's longest context, not its mean.
 
 A difference of two medians can come out below 0 when the context adds less than the
 timing noise; such entries are written as 0 and counted in ``metadata.context_tables``.
@@ -125,8 +127,8 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
     prefill = tuple(next(times) for _ in axes.prefill_prompts)
     draft = {kind: ContextDraftTable(axes.contexts, num_requests, draft_tokens, tuple(
-        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.contexts))
-        for kind in kinds}
+        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.contexts),
+        key_padding="longest") for kind in kinds}
     blocks = Version2Blocks(
         attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
         chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows))
@@ -145,7 +147,8 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
                                      "it), the whole time (no table subtracted)"),
         "draft_definition": ("drafter step (one committed token, then propose) of R requests at context C; each "
                              "drafter reads its own KV cache of the context (injected target features), none the "
-                             "verifier's"),
+                             "verifier's, padded to the longest context in the batch (key_padding longest: read at "
+                             "the batch's longest context)"),
         "negative_differences_written_as_0": clipped,
         "axes": {"contexts": list(axes.contexts), "queries": list(axes.queries), "chunks": list(axes.chunks),
                  "chunk_contexts": list(axes.chunk_contexts), "attention_requests": a,

@@ -92,17 +92,21 @@ class PrefillTableBlock:
 
 @dataclass(frozen=True)
 class ContextDraftTable:
-    """``draft.<kind>`` with a context axis: latency over (the batch's mean context, R, gamma)."""
+    """``draft.<kind>`` with a context axis: latency over (the batch's mean - or longest - context, R, gamma)."""
 
     context_tokens: tuple[int, ...]  # [NC]
     num_requests: tuple[int, ...]  # [NR]
     draft_tokens: tuple[int, ...]  # [NG]
     latency_s: tuple[tuple[tuple[float, ...], ...], ...]  # [NC][NR][NG]
+    key_padding: KeyPadding = "none"  # "longest": read at the batch's longest context, not its mean
 
     def to_dict(self) -> dict[str, Any]:
-        return {"num_requests": list(self.num_requests), "draft_tokens": list(self.draft_tokens),
-                "context_tokens": list(self.context_tokens),
-                "latency_s": [[list(row) for row in plane] for plane in self.latency_s]}
+        out: dict[str, Any] = {"num_requests": list(self.num_requests), "draft_tokens": list(self.draft_tokens),
+                               "context_tokens": list(self.context_tokens)}
+        if self.key_padding != "none":
+            out["key_padding"] = self.key_padding
+        out["latency_s"] = [[list(row) for row in plane] for plane in self.latency_s]
+        return out
 
 
 @dataclass(frozen=True)

@@ -204,9 +204,7 @@ class HardwareProfile:
         verifies the same number of tokens and attention is linear in query tokens between 1 and 1 + g; before
         deciding, a policy cannot know which requests the extra tokens go to, so each is priced at the mean.
         ``rows``: this profile's :meth:`attention_rows` of the contexts, when already computed."""
-        mean_context = None if context_tokens is None or np.size(context_tokens) == 0 else float(
-            np.mean(context_tokens))
-        draft_s = self.draft_s(drafter, num_requests, draft_tokens, mean_context)
+        draft_s = self.draft_s(drafter, num_requests, draft_tokens, self.draft_context(drafter, context_tokens))
         if self.attention is None or context_tokens is None:
             return self.cost_curve(num_requests, draft_s)
         fixed_s, per_token_s = self.attention_line(context_tokens, draft_tokens, rows)
@@ -223,9 +221,16 @@ class HardwareProfile:
         """Whether a step's cost depends on the requests' contexts (attention table or a context-aware drafter)."""
         return self.attention is not None or self.draft_uses_context(drafter)
 
+    def draft_context(self, kind: str, context_tokens: np.ndarray | None) -> float | None:
+        """The context a batch with these contexts reads drafter ``kind``'s table at: the mean, or the longest with
+        ``draft.<kind>.key_padding`` "longest" (None without contexts or a drafter table)."""
+        if context_tokens is None or np.size(context_tokens) == 0 or kind not in self.draft:
+            return None
+        return self.draft[kind].batch_context(np.asarray(context_tokens))
+
     def draft_s(self, kind: str, num_requests: int, draft_tokens: int, context_tokens: float | None = None) -> float:
-        """The drafter's time for ``draft_tokens`` tokens of ``num_requests`` requests (at the batch's mean
-        ``context_tokens`` when its table has a context axis)."""
+        """The drafter's time for ``draft_tokens`` tokens of ``num_requests`` requests (at ``context_tokens``, the
+        batch's :meth:`draft_context`, when its table has a context axis)."""
         if draft_tokens == 0:
             return 0.0
         if kind not in self.draft:

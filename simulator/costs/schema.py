@@ -31,6 +31,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "profiles"
 FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_request", "attention", "cuda_graphs",
           "token_budget", "draft", "prefill", "scheduler")
 V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "draft.<kind>.context_tokens",
+             "draft.<kind>.key_padding",
              "prefill.chunk_attention", "prefill.table")
 
 
@@ -138,7 +139,8 @@ def _drafts(data: dict[str, Any], version: int, origin: str) -> dict[str, DraftT
         where = f"draft.{kind}."
         if not isinstance(block, dict):
             raise ProfileError(f"{origin}: field '{where[:-1]}' must be an object, got {block!r}")
-        f.known_keys(block, ("num_requests", "draft_tokens", "context_tokens", "latency_s"), where, origin)
+        f.known_keys(block, ("num_requests", "draft_tokens", "context_tokens", "key_padding", "latency_s"), where,
+                     origin)
         reqs = f.axis(f.get(block, "num_requests", where, origin), where + "num_requests", origin)
         gammas = f.axis(f.get(block, "draft_tokens", where, origin), where + "draft_tokens", origin)
         shape: tuple[int, ...] = (reqs.size, gammas.size)
@@ -148,7 +150,13 @@ def _drafts(data: dict[str, Any], version: int, origin: str) -> dict[str, DraftT
             contexts = f.axis(block["context_tokens"], where + "context_tokens", origin, allow_zero=True)
             shape = (contexts.size, *shape)
         latency = f.grid(f.get(block, "latency_s", where, origin), shape, where + "latency_s", origin)
-        drafts[kind] = DraftTable(reqs, gammas, latency, kind, contexts, origin)
+        padding = "none"
+        if "key_padding" in block:
+            if contexts is None:
+                raise ProfileError(f"{origin}: field '{where}key_padding' needs '{where}context_tokens' (the padding "
+                                   "says which context of the batch the table is read at)")
+            padding = f.choice(block["key_padding"], KEY_PADDING, where + "key_padding", origin)
+        drafts[kind] = DraftTable(reqs, gammas, latency, kind, contexts, origin, padding)
     return drafts
 
 

@@ -62,7 +62,7 @@ class StepPricer:
         draft_s, sched_s, curve = self._cached(num_requests)
         if self.draft_needs_context:
             draft_s = self.profile.draft_s(self.drafter, num_requests, self.draft_tokens,
-                                           float(np.mean(context_tokens)))  # type: ignore[arg-type]
+                                           self.profile.draft_context(self.drafter, context_tokens))
         rows = None
         if self.attention:
             rows = self.profile.attention_rows(context_tokens, 1 + self.draft_tokens)  # type: ignore[arg-type]

@@ -105,7 +105,9 @@ class DraftTable:
 
     Without a context axis ``latency_s`` is ``[NR, NG]``; with one it is
     ``[NC, NR, NG]`` and the latency is interpolated linearly in context between
-    the two bilinear (R, gamma) slices around it.
+    the two bilinear (R, gamma) slices around it. The context it is read at is the
+    batch's mean, or with ``key_padding`` "longest" the batch's longest context
+    (:meth:`batch_context`).
     """
 
     num_requests: np.ndarray  # [NR]
@@ -114,7 +116,15 @@ class DraftTable:
     kind: str
     context_tokens: np.ndarray | None = None  # [NC]
     origin: str = "<memory>"
+    key_padding: str = "none"  # "longest": the drafter pads every request's keys to the batch's longest context
     _slices: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # (k, R, g) -> seconds
+
+    def batch_context(self, context_tokens: np.ndarray) -> float:
+        """The context a batch of requests with these contexts is priced at: their mean, or their longest when the
+        drafter pads keys to it."""
+        if self.key_padding == "longest":
+            return float(np.max(context_tokens))
+        return float(np.mean(context_tokens))
 
     def _check(self, value: float, axis: np.ndarray, name: str) -> None:
         if value < axis[0] or value > axis[-1]:
