@@ -30,7 +30,12 @@ Objective = Literal["tokens_x_sps", "tokens_per_s"]
 
 # Tables of at most this many survivals are sorted inside the kernels; larger ones by numpy's vectorised sort,
 # which is faster from a few hundred entries on. Either way the sorted values are the same.
-SMALL_TABLE_ENTRIES = 256
+SMALL_TABLE_ENTRIES = 48
+
+
+def objective_code(objective: str) -> int:
+    """The kernels' code of an objective (anything but tokens x SPS prices tokens per second, as below)."""
+    return kernels.TOKENS_X_SPS if objective == "tokens_x_sps" else kernels.TOKENS_PER_S
 
 
 def check_objective(policy: str, objective: str) -> None:
@@ -95,6 +100,19 @@ class CostCurve:
         self._whole[:] = [(start, table)]
         return table[first_tokens - start:last_tokens - start + 1]
 
+    def sps_within(self, first_tokens: int, count: int) -> np.ndarray:
+        """:meth:`sps_run` for at most ``count`` batch-token counts, fewer where the profile ends (none when
+        ``first_tokens`` itself is outside it): for a caller that finds out later how many it needs."""
+        if self._whole:
+            start, table = self._whole[0]
+            offset = first_tokens - start
+            if offset >= 0 and offset + count <= table.size:
+                return table[offset:offset + count]
+        lo, hi = self.batch_tokens[0], self.batch_tokens[-1]
+        if first_tokens < lo or first_tokens > hi:
+            return np.empty(0)
+        return self.sps_run(first_tokens, min(count, int(np.floor(hi)) - first_tokens + 1))
+
     def throughput(self, expected_tokens: np.ndarray, batch_tokens: np.ndarray,
                    objective: Objective = "tokens_x_sps") -> np.ndarray:
         """Expected tokens per second of a step for each candidate (tau*, B)."""
@@ -104,7 +122,12 @@ class CostCurve:
         return expected_tokens / (self.draft_s + 1.0 / sps)
 
 
-@dataclass(frozen=True)
+# StepView and Decision are built once per engine step. Their __init__ fills the instance dict in one update
+# instead of the generated frozen __init__'s one object.__setattr__ per field (half the time); the dataclasses
+# stay frozen, and tests/test_policies.py checks that each __init__ takes exactly the fields, in order.
+
+
+@dataclass(frozen=True, init=False)
 class StepView:
     """Everything a policy may read when deciding one engine step.
 
@@ -122,6 +145,12 @@ class StepView:
     # draft token exists, so respecting it keeps a policy lossless); None: no budget.
     token_budget: int | None = None
 
+    def __init__(self, confidence: np.ndarray, cost: CostCurve, history: tuple[np.ndarray, ...] = (),
+                 smoothed: np.ndarray | None = None, accepted: np.ndarray | None = None,
+                 token_budget: int | None = None) -> None:
+        self.__dict__.update(confidence=confidence, cost=cost, history=history, smoothed=smoothed,
+                             accepted=accepted, token_budget=token_budget)
+
     @property
     def num_requests(self) -> int:
         return int(self.confidence.shape[0])
@@ -136,7 +165,7 @@ class StepView:
         return None if self.token_budget is None else self.token_budget - self.num_requests
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Decision:
     """What a policy decided for one step.
 
@@ -150,6 +179,10 @@ class Decision:
     pool: np.ndarray  # [R, gamma] float
     capacity: int = -1
     smoothed: np.ndarray | None = None  # [R, gamma] new EMA state, if the policy keeps one
+
+    def __init__(self, lengths: np.ndarray, pool: np.ndarray, capacity: int = -1,
+                 smoothed: np.ndarray | None = None) -> None:
+        self.__dict__.update(lengths=lengths, pool=pool, capacity=capacity, smoothed=smoothed)
 
 
 class Policy(Protocol):
@@ -295,18 +328,15 @@ def top_k_lengths(survival: np.ndarray, k: int, kth: float | None = None) -> np.
 
 def _top_k_compiled(by_position: np.ndarray, k: int, kth: float | None) -> np.ndarray | None:
     """:func:`top_k_lengths` of a float64 table (k >= 1) by the kernel, or None when a tie at the k-th value
-    straddles the cut or the k-th value is not known without numpy's NaN ordering (then numpy decides)."""
+    straddles the cut or a NaN leaves the k-th value to numpy's ordering (then numpy decides)."""
     size = by_position.size
+    select = False
     if k >= size:
         kth = 0.0  # every positive entry fits
     elif kth is None:
-        if size <= SMALL_TABLE_ENTRIES:
-            nan_free, kth = kernels.kth_largest(by_position.ravel(), k)
-            if not nan_free:
-                return None
-        else:
-            kth = np.partition(by_position, size - k, axis=None)[size - k]
-    complete, lengths = kernels.lengths_from_kth(by_position, k, kth)
+        select = size <= SMALL_TABLE_ENTRIES  # the kernel finds it; numpy's partition is faster on large tables
+        kth = 0.0 if select else np.partition(by_position, size - k, axis=None)[size - k]
+    complete, lengths = kernels.lengths_from_kth(by_position, k, kth, select)
     return lengths if complete else None
 
 
@@ -315,8 +345,8 @@ def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,
     """Theta after admitting 0, 1, ..., n entries of a sorted path -> [n + 1]."""
     if isinstance(num_requests, (int, np.integer)) and survivals.dtype == np.float64 and survivals.ndim == 1:
         sps = cost.sps_run(int(num_requests), survivals.size + 1)
-        code = kernels.TOKENS_X_SPS if objective == "tokens_x_sps" else kernels.TOKENS_PER_S
-        return kernels.path_throughput(survivals, float(num_requests), sps, code, float(cost.draft_s))
+        return kernels.path_throughput(survivals, float(num_requests), sps, objective_code(objective),
+                                       float(cost.draft_s))
     theta = np.empty(survivals.size + 1)  # first tau*, then Theta in place
     theta[0] = 0.0
     np.add.accumulate(survivals, out=theta[1:])  # np.cumsum's own loop, without its wrapper's overhead

@@ -19,7 +19,10 @@ from types import MappingProxyType
 
 import numpy as np
 
+from policies import kernels
 from policies.base import CostCurve, Decision, Policy, StepView
+
+_NO_ROWS: Mapping[int, np.ndarray] = MappingProxyType({})
 
 CostSource = CostCurve | Callable[[int], CostCurve]  # one curve, or a curve per number of requests
 
@@ -38,12 +41,15 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return copy
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PolicyMemory:
     """Immutable step-to-step state of a policy: stale pools and EMA rows by request id."""
 
     pools: tuple[np.ndarray, ...] = ()  # each [R_old, gamma], oldest first
-    smoothed: Mapping[int, np.ndarray] = field(default_factory=lambda: MappingProxyType({}))  # id -> [gamma]
+    smoothed: Mapping[int, np.ndarray] = field(default_factory=lambda: _NO_ROWS)  # id -> [gamma]
+
+    def __init__(self, pools: tuple[np.ndarray, ...] = (), smoothed: Mapping[int, np.ndarray] = _NO_ROWS) -> None:
+        self.__dict__.update(pools=pools, smoothed=smoothed)  # built every step: see StepView's __init__
 
     def view(self, request_ids: Sequence[int], confidence: np.ndarray, cost: CostCurve,
              accepted: np.ndarray | None = None, token_budget: int | None = None) -> StepView:
@@ -66,7 +72,7 @@ class PolicyMemory:
         if keep <= 0 and decision.smoothed is None and not self.pools and not self.smoothed:
             return self  # nothing to carry (an engine asks every step): the same empty memory
         pools = (self.pools + (_frozen(decision.pool),))[-keep:] if keep > 0 else ()
-        smoothed: Mapping[int, np.ndarray] = MappingProxyType({})
+        smoothed = _NO_ROWS
         if decision.smoothed is not None:
             rows = np.asarray(decision.smoothed)
             smoothed = MappingProxyType({r: _frozen(rows[i]) for i, r in enumerate(request_ids)})
@@ -80,14 +86,17 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
     lengths = np.asarray(decision.lengths)
     if lengths.shape != (num_requests,):
         raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
-    # For int64 lengths one reduction sees both bounds: a negative length read as unsigned exceeds any bound.
-    out_of_range = (lengths.view(np.uint64).max() > num_draft if lengths.dtype == np.int64
-                    else lengths.min() < 0 or lengths.max() > num_draft) if lengths.size else False
+    if lengths.dtype == np.int64:  # one compiled pass (every policy returns int64)
+        low, high, total = kernels.length_summary(lengths)
+        out_of_range = low < 0 or high > num_draft
+    else:
+        out_of_range = (lengths.min() < 0 or lengths.max() > num_draft) if lengths.size else False
+        total = int(lengths.sum()) if token_budget is not None else 0
     if out_of_range:
         raise ValueError(f"policy {policy.name!r}: lengths must lie in 0..{num_draft} (tokens drafted), "
                          f"got {lengths.tolist()}")
-    if token_budget is not None and num_requests + int(lengths.sum()) > token_budget:
-        raise ValueError(f"policy {policy.name!r}: {num_requests} requests verifying {int(lengths.sum())} draft "
+    if token_budget is not None and num_requests + total > token_budget:
+        raise ValueError(f"policy {policy.name!r}: {num_requests} requests verifying {total} draft "
                          f"tokens exceed the token budget of {token_budget} batch tokens")
     return lengths.astype(np.int64)
 

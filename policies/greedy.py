@@ -7,7 +7,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from policies import kernels
 from policies.base import (
+    SMALL_TABLE_ENTRIES,
     CostCurve,
     Decision,
     Objective,
@@ -15,12 +17,12 @@ from policies.base import (
     StepView,
     check_objective,
     descending_survivals,
+    objective_code,
     path_throughput,
     sorted_survivals,
     survival_by_position,
     top_k_lengths,
 )
-from policies import kernels
 from policies.registry import register
 
 
@@ -41,6 +43,16 @@ def best_prefix_count(theta: np.ndarray) -> int:
 
 def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective, limit: int | None = None) -> int:
     """Draft-token capacity K that a full search over ``pool`` would admit (at most ``limit``: a token budget)."""
+    table = pool.T if pool.flags.f_contiguous else pool  # only values matter: read them in memory order
+    if table.dtype == np.float64 and table.ndim == 2 and (limit is None or limit >= 0):
+        num_old = pool.shape[0]
+        entries = table.size if limit is None else min(table.size, limit)
+        small = table.size <= SMALL_TABLE_ENTRIES  # sorted by the kernel, else by numpy
+        count = kernels.best_prefix_on_path(table.ravel() if small else np.sort(table, axis=None), not small,
+                                            float(num_old), cost.sps_within(num_old, entries + 1),
+                                            objective_code(objective), float(cost.draft_s), entries)
+        if count >= 0:
+            return count
     return best_prefix_count(path_throughput(cost, pool.shape[0], sorted_survivals(pool)[:limit], objective))
 
 

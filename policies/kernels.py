@@ -9,10 +9,10 @@ over a few hundred survivals is dominated by the fixed cost of many small numpy 
 * :func:`descending_positive` - the positive, non-NaN values of a table in descending order (the sorted
   path's values), sorting here for small tables and reading numpy's (vectorised) sort for large ones.
 * :func:`path_throughput` - Theta after admitting 0..n entries of a sorted path.
+* :func:`best_prefix_on_path` - the full search's count (first argmax of Theta) straight from a table.
 * :func:`early_stop_count` - Algorithm 1's stop: entries admitted until Theta first fails to rise.
 * :func:`lengths_from_kth` - top-K lengths when no tie at the K-th value is left out (the caller handles
   the rare straddling tie in numpy, in tie-break order).
-* :func:`kth_largest` - the K-th largest entry of a small NaN-free table.
 * :func:`threshold_lengths` - both threshold rules, trimmed to a draft-token budget.
 * :func:`length_summary` - min, max and sum of a decision's lengths, for the driver's checks.
 
@@ -85,6 +85,37 @@ def path_throughput(survivals, num_requests, sps, objective, draft_s):  # [n] ->
 
 
 @numba.njit(cache=True)
+def best_prefix_on_path(values, presorted, num_requests, sps, objective, draft_s, limit):  # -> int
+    """The first argmax of Theta along the sorted path of ``values``, cut after ``limit`` entries; -1 when
+    ``sps`` does not reach the path's end (the caller then raises the profile's error).
+
+    The same numbers as ``path_throughput(descending_positive(values))`` followed by ``argmax`` (which
+    returns the first NaN when there is one), without building either array.
+    """
+    ascending = values if presorted else np.sort(values)
+    top = ascending.size
+    while top > 0 and ascending[top - 1] != ascending[top - 1]:  # NaN: not on the path
+        top -= 1
+    bottom = top
+    while bottom > 0 and ascending[bottom - 1] > 0.0:
+        bottom -= 1
+    count = min(top - bottom, limit)
+    if sps.size < count + 1:
+        return -1
+    best, best_theta, running = 0, 0.0, 0.0
+    for n in range(count + 1):
+        if n:
+            running = running + ascending[top - n] if n > 1 else ascending[top - 1]
+        expected = running + num_requests
+        theta = expected * sps[n] if objective == TOKENS_X_SPS else expected / (draft_s + 1.0 / sps[n])
+        if theta != theta:
+            return n
+        if n == 0 or theta > best_theta:
+            best, best_theta = n, theta
+    return best
+
+
+@numba.njit(cache=True)
 def early_stop_count(theta):  # [n + 1] -> int
     """The first n with theta[n + 1] <= theta[n] (NaN compares false, so it stops there); n when Theta always rises."""
     for n in range(1, theta.size):
@@ -94,12 +125,25 @@ def early_stop_count(theta):  # [n + 1] -> int
 
 
 @numba.njit(cache=True)
-def lengths_from_kth(by_position, k, kth):  # [gamma, R] -> (bool, [R] int64)
-    """Lengths admitting every entry >= ``kth`` (the k-th largest) when it is positive and exactly k entries
-    are >= kth, or every positive entry when there are at most k; ``(False, ...)`` otherwise (a tie at the
-    k-th value straddles the cut: only the first ties in tie-break order fit)."""
+def lengths_from_kth(by_position, k, kth, select):  # [gamma, R] -> (bool, [R] int64)
+    """Top-k lengths (k >= 1) that admit every entry >= ``kth`` (the k-th largest) when it is positive and
+    exactly k entries are >= kth, or every positive entry when there are at most k; ``(False, ...)`` when a
+    tie at the k-th value straddles the cut (only the first ties in tie-break order fit: the caller decides).
+
+    ``select``: find the k-th largest here (k < R gamma; sorting a copy, for small tables), giving up
+    (``False``) on a NaN, whose place in numpy's order the caller keeps.
+    """
     gamma, num_requests = by_position.shape
     lengths = np.zeros(num_requests, dtype=np.int64)
+    if select:
+        flat = np.empty(gamma * num_requests)
+        for j in range(gamma):
+            for r in range(num_requests):
+                value = by_position[j, r]
+                if value != value:
+                    return False, lengths
+                flat[j * num_requests + r] = value
+        kth = np.sort(flat)[flat.size - k]
     at_or_above = 0
     positive = 0
     for j in range(gamma):
@@ -121,15 +165,6 @@ def lengths_from_kth(by_position, k, kth):  # [gamma, R] -> (bool, [R] int64)
             if value >= bound and value > 0.0:
                 lengths[r] += 1
     return True, lengths
-
-
-@numba.njit(cache=True)
-def kth_largest(values, k):  # [N] float64 -> (bool, float)
-    """The k-th largest entry (1 <= k <= N) of ``values``; ``(False, nan)`` when ``values`` holds a NaN."""
-    for value in values:
-        if value != value:
-            return False, np.nan
-    return True, np.sort(values)[values.size - k]
 
 
 @numba.njit(cache=True)

@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from policies.base import Decision, PolicyTraits, StepView, survival_by_position, trim_to_budget
 from policies import kernels
+from policies.base import Decision, PolicyTraits, StepView, survival_by_position, trim_to_budget
 from policies.registry import register
 
 

@@ -30,7 +30,7 @@ from policies.base import (
 )
 from policies.dspark import DSpark, smooth_confidence
 from policies.goodput import Goodput
-from policies.greedy import GlobalSync, Greedy
+from policies.greedy import GlobalSync, Greedy, search_capacity
 from policies.threshold import Threshold
 
 EXACT = settings(max_examples=75, deadline=None, derandomize=True, database=None)
@@ -271,3 +271,164 @@ def test_goodput_matches_the_reference(step, staleness, objective):
     k = ref_first_argmax(theta)
     assert decision.lengths.tolist() == [min(k, confidence.shape[1])] * confidence.shape[0]
     np.testing.assert_array_equal(decision.pool, ref_survival(confidence))
+
+
+# ---------------------------------------------------------------- larger tables, token budgets, NaN
+
+# Tables up to 40 x 16 cross policies.base.SMALL_TABLE_ENTRIES, so both the kernels' own sort and numpy's
+# vectorised sort (then the kernels) are compared. Tables are built from a drawn seed (fast to draw).
+
+
+@st.composite
+def budget_steps(draw) -> tuple[np.ndarray, CostCurve, tuple[np.ndarray, ...], int | None]:
+    """Confidences (ties half of the time), a jagged interpolated cost curve, two stale pools of other sizes
+    (survivals, so non-increasing rows) and a token budget (None, or anywhere from R to past every token).
+
+    Ties of Theta itself come from flat stretches of SPS (half of the curves take only three values) and
+    from survivals too small to change tau* (1e-17 is absorbed by R + ...), so that the early stop and the
+    first argmax meet equal values."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    num_requests, gamma = draw(st.integers(1, 40)), draw(st.integers(1, 16))
+    old_sizes = [draw(st.integers(1, 40)) for _ in range(2)]
+    tied, flat = draw(st.booleans()), draw(st.booleans())
+
+    def table(rows: int) -> np.ndarray:
+        return rng.choice(TIE_VALUES + [1e-17], (rows, gamma)) if tied else rng.uniform(0.0, 1.0, (rows, gamma))
+
+    max_tokens = max(num_requests, *old_sizes) * (1 + gamma)
+    batch = np.concatenate(([1], 1 + np.cumsum(rng.integers(1, 5, max_tokens))))
+    batch = batch[: np.searchsorted(batch, max_tokens) + 1]
+    sps = rng.choice([0.5, 1.0, 2.0], batch.size) if flat else rng.uniform(0.05, 50.0, batch.size)
+    cost = CostCurve(batch_tokens=batch, steps_per_s=sps, draft_s=draw(st.sampled_from([0.0, 0.013])))
+    pools = tuple(ref_survival(table(size)) for size in old_sizes)
+    budget = draw(st.one_of(st.none(), st.integers(num_requests, num_requests * (gamma + 1) + 2)))
+    return table(num_requests), cost, pools, budget
+
+
+def ref_counts(cost: CostCurve, num_requests: int, path: list, objective: str, draft_budget: int | None):
+    """(early-stop count, full-search count) over the path cut after ``draft_budget`` entries."""
+    values = [v for v, _, _ in path][:draft_budget]
+    theta = ref_theta(cost, num_requests, values, objective)
+    return ref_early_stop(theta), ref_first_argmax(theta)
+
+
+@EXACT
+@given(budget_steps(), st.sampled_from(["tokens_x_sps", "tokens_per_s"]))
+def test_greedy_and_global_sync_match_the_reference_under_a_budget(step, objective):
+    confidence, cost, _, budget = step
+    survival = ref_survival(confidence)
+    path = ref_path(survival)
+    view = StepView(confidence=confidence, cost=cost, token_budget=budget)
+    early, full = ref_counts(cost, confidence.shape[0], path, objective, view.draft_budget)
+    for policy, count in [(Greedy(objective), early), (GlobalSync(objective), full)]:
+        decision = policy.decide(view)
+        assert decision.capacity == count, policy.name
+        assert decision.lengths.tolist() == ref_lengths(path, count, confidence.shape[0]), policy.name
+        np.testing.assert_array_equal(decision.pool, survival)
+
+
+@EXACT
+@given(budget_steps(), st.sampled_from([0, 1, 2]), st.sampled_from(["tokens_x_sps", "tokens_per_s"]))
+def test_dspark_matches_the_reference_under_a_budget(step, staleness, objective):
+    confidence, cost, pools, budget = step
+    view = StepView(confidence=confidence, cost=cost, history=pools, token_budget=budget)
+    decision = DSpark(staleness_steps=staleness, objective=objective).decide(view)
+    survival = ref_survival(confidence)
+    pool = survival if staleness == 0 else pools[-staleness]
+    capacity = ref_counts(cost, pool.shape[0], ref_path(pool), objective, view.draft_budget)[1]
+    assert decision.capacity == capacity
+    assert decision.lengths.tolist() == ref_lengths(ref_path(survival), capacity, confidence.shape[0])
+
+
+@EXACT
+@given(budget_steps(), st.sampled_from(TIE_VALUES + [0.3, 0.64]), st.sampled_from(["prefix", "position"]))
+def test_threshold_matches_the_reference_under_a_budget(step, theta, variant):
+    confidence, cost, _, budget = step
+    survival = ref_survival(confidence)
+    room = None if budget is None else budget - confidence.shape[0]
+    untrimmed = [sum(1 for j in range(confidence.shape[1]) if survival[r, j] >= theta) if variant == "prefix"
+                 else next((j for j in range(confidence.shape[1]) if not confidence[r, j] >= theta),
+                           confidence.shape[1]) for r in range(confidence.shape[0])]
+    expected, before = [], 0
+    for length in untrimmed:  # requests scheduled last are cut first
+        expected.append(length if room is None or sum(untrimmed) <= room else min(max(room - before, 0), length))
+        before += length
+    decision = Threshold(theta=theta, variant=variant).decide(
+        StepView(confidence=confidence, cost=cost, token_budget=budget))
+    assert decision.lengths.tolist() == expected
+    assert decision.capacity == sum(expected)
+
+
+# The numpy formulation of the previous revision, for what the one-candidate references do not define: NaN.
+def numpy_top_k(survival: np.ndarray, k: int, kth: float | None = None) -> list[int]:
+    num_requests, gamma = survival.shape
+    if k <= 0:
+        return [0] * num_requests
+    flat = np.ascontiguousarray(survival.T).ravel()
+    if k < flat.size:
+        kth = np.partition(flat, flat.size - k)[flat.size - k] if kth is None else kth
+        if kth > 0.0 and np.count_nonzero(flat >= kth) == k:
+            return (flat >= kth).reshape(gamma, num_requests).sum(axis=0).tolist()
+    positive = flat > 0.0
+    if k >= np.count_nonzero(positive):
+        admitted = positive
+    else:
+        admitted = flat > kth
+        admitted[np.flatnonzero(flat == kth)[: k - np.count_nonzero(admitted)]] = True
+    return admitted.reshape(gamma, num_requests).sum(axis=0).tolist()
+
+
+def numpy_descending(survival: np.ndarray) -> np.ndarray:
+    values = -np.sort(-survival, axis=None)
+    return values[: np.count_nonzero(values > 0.0)]
+
+
+@EXACT
+@given(budget_steps(), st.data())
+def test_decisions_with_nan_confidences_match_the_numpy_formulation(step, data):
+    confidence, cost, pools, budget = step
+    holes = data.draw(st.lists(st.tuples(st.integers(0, confidence.shape[0] - 1),
+                                         st.integers(0, confidence.shape[1] - 1)), min_size=1, max_size=6))
+    for r, j in holes:
+        confidence[r, j] = np.nan
+    survival = np.cumprod(confidence, axis=1)
+    view = StepView(confidence=confidence, cost=cost, history=pools, token_budget=budget)
+    values = numpy_descending(survival)[:view.draft_budget]
+    theta = ref_theta(cost, confidence.shape[0], values.tolist(), "tokens_x_sps")
+    count = ref_early_stop(theta)
+    greedy = Greedy().decide(view)
+    assert greedy.capacity == count
+    assert greedy.lengths.tolist() == numpy_top_k(survival, count)  # NaN: no k-th value handed over
+    assert GlobalSync().decide(view).lengths.tolist() == numpy_top_k(survival, ref_first_argmax(theta))
+    dspark = DSpark().decide(view)
+    assert dspark.lengths.tolist() == numpy_top_k(survival, dspark.capacity)
+    np.testing.assert_array_equal(dspark.pool, survival)
+    for k in range(survival.size + 1):
+        assert top_k_lengths(survival, k).tolist() == numpy_top_k(survival, k), k
+
+
+@EXACT
+@given(budget_steps())
+def test_a_stale_pool_with_nan_sizes_capacity_from_its_positive_entries(step):
+    _, cost, pools, _ = step
+    pool = pools[0].copy()
+    pool[0, -1] = np.nan
+    values = [v for v in numpy_descending(pool).tolist()]
+    expected = ref_first_argmax(ref_theta(cost, pool.shape[0], values, "tokens_x_sps"))
+    assert search_capacity(pool, cost, "tokens_x_sps") == expected
+    assert search_capacity(np.asfortranarray(pool), cost, "tokens_x_sps") == expected  # a transposed layout
+
+
+def test_sps_within_stops_where_the_profile_ends():
+    cost = CostCurve(batch_tokens=np.array([2, 5, 9, 40]), steps_per_s=np.array([10.0, 7.5, 3.25, 1.0]))
+    np.testing.assert_array_equal(cost.sps_within(3, 10), cost.sps(np.arange(3, 13)))
+    np.testing.assert_array_equal(cost.sps_within(35, 10), cost.sps(np.arange(35, 41)))  # 35..40 only
+    assert cost.sps_within(1, 5).size == 0 and cost.sps_within(41, 2).size == 0
+
+
+def test_a_path_past_the_profile_raises_the_profile_error():
+    cost = CostCurve(batch_tokens=np.array([1, 4]), steps_per_s=np.array([2.0, 1.0]))
+    view = StepView(confidence=np.full((2, 3), 0.9), cost=cost, history=(np.full((2, 3), 0.9),) * 2)
+    for policy in (Greedy(), GlobalSync(), DSpark()):
+        with pytest.raises(ValueError, match=r"batch of 2\.\.8 tokens is outside the profiled SPS table"):
+            policy.decide(view)
