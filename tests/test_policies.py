@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import make_policy
-from policies.base import StepView, path_throughput, prefix_survival, sorted_candidates, top_k_lengths
+from policies import PolicyMemory, make_policy
+from policies.base import Decision, StepView, path_throughput, prefix_survival, sorted_candidates, top_k_lengths
 from policies.dspark import DSpark
 from policies.greedy import GlobalSync, Greedy, early_stop_count
 from tests.conftest import curve
@@ -233,3 +233,23 @@ def test_every_policy_module_is_discovered():
     for name in classes:
         policy = make_policy(name)
         assert isinstance(policy.lossless, bool) and isinstance(policy.synchronous, bool), name
+
+
+@pytest.mark.parametrize("cls", [StepView, Decision, PolicyMemory])
+def test_hand_written_inits_take_exactly_the_fields(cls):
+    """StepView, Decision and PolicyMemory fill their dict in one update (they are built every step): their __init__
+    must take every field, in order, with the field's default, and the instances must stay frozen."""
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    fields = dataclasses.fields(cls)
+    assert [p.name for p in params] == [f.name for f in fields]
+    for param, fld in zip(params, fields, strict=True):
+        default = fld.default_factory() if fld.default_factory is not dataclasses.MISSING else fld.default
+        assert param.default is inspect.Parameter.empty if default is dataclasses.MISSING else param.default == default
+    value = cls(*[np.zeros(1)] * sum(p.default is inspect.Parameter.empty for p in params))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, fields[0].name, None)
+    copy = dataclasses.replace(value)  # replace() goes through __init__ with every field
+    assert all(getattr(copy, f.name) is getattr(value, f.name) for f in fields)
