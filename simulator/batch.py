@@ -54,25 +54,28 @@ def prefill_chunks(left_tokens: np.ndarray, room_tokens: int) -> np.ndarray:
 
 
 class StepPlan:
-    """One step as decided before it runs: the decoding requests and their lengths, chunks, costs."""
+    """One step as decided before it runs: the decoding requests and their lengths, chunks, costs.
+
+    The defaults are class attributes (a step is planned every few microseconds); every update rebinds them.
+    """
+
+    ids = lengths = accepted = decided_ids = chunks = _EMPTY
+    context_tokens: np.ndarray | None = None  # [R] KV tokens before the step, when needed
+    decision: Decision | None = None
+    draft_s = sched_s = 0.0
+    num_requests = num_verified = decode_tokens = 0  # R, sum_r l_r, sum_r (1 + l_r)
+    cost: VerifyCost | None = None
+    num_preempted = 0
 
     def __init__(self, start_at: float) -> None:
         self.start_at = start_at
-        self.ids = self.lengths = self.accepted = self.decided_ids = self.chunks = _EMPTY
-        self.context_tokens: np.ndarray | None = None  # [R] KV tokens before the step, when needed
-        self.decision: Decision | None = None
-        self.draft_s = self.sched_s = 0.0
-        self.num_requests = self.num_verified = self.decode_tokens = 0  # R, sum_r l_r, sum_r (1 + l_r)
-        self.cost: VerifyCost | None = None
-        self.num_preempted = 0
 
     def decided(self, ids: np.ndarray, decision: Decision, lengths: np.ndarray, accepted: np.ndarray,
                 context_tokens: np.ndarray | None, draft_s: float, sched_s: float) -> None:
         self.ids = self.decided_ids = ids
         self.decision, self.lengths, self.accepted = decision, lengths, accepted
         self.context_tokens, self.draft_s, self.sched_s = context_tokens, draft_s, sched_s
-        self.num_requests, self.num_verified = int(ids.size), int(lengths.sum())
-        self.decode_tokens = self.num_requests + self.num_verified
+        self.num_requests = ids.size  # num_verified and decode_tokens: once settled (DecodeStep.settle)
 
     def keep_oldest(self, count: int) -> None:
         """The newest decoding requests were preempted: only the first ``count`` run this step."""

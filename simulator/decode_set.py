@@ -15,10 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.requests import RequestStore
+from simulator.step_kernels import apply_lengths
 
 _FIELDS = ("ids", "remaining", "held", "num_verified", "num_accepted", "joined_at_step", "last_index",
            "domain_idx", "difficulty_bits", "prompt_tokens")
 _IDS, _REMAINING, _HELD, _VERIFIED, _ACCEPTED, _JOINED, _LAST, _DOMAIN, _DIFFICULTY, _PROMPT = range(len(_FIELDS))
+_NO_COUNTS = np.zeros(0, dtype=np.int64)
 
 
 class DecodeSet:
@@ -104,18 +106,19 @@ class DecodeSet:
         self.num_decode_steps += count
         self.remaining -= count
 
-    def step_done(self, lengths: np.ndarray | None, good: np.ndarray | None,
-                  remaining_after: np.ndarray | None) -> None:
+    def step_done(self, lengths: np.ndarray | None, good: np.ndarray | None, remaining_after: np.ndarray | None,
+                  histograms: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Every request took part in a step: ``lengths`` verified, ``good`` accepted (counted to its end),
-        ``remaining_after`` output tokens still to emit. None for all three: a step without draft tokens (each
-        request emits one token)."""
+        ``remaining_after`` output tokens still to emit; ``histograms`` (counts by verified and by accepted length,
+        [g + 1] each), when given, count the step's request-steps. None for the first three: a step without draft
+        tokens (each request emits one token)."""
         self.num_decode_steps += 1
         if remaining_after is None:
             self.remaining -= 1
             return
-        self.remaining[:] = remaining_after
-        self.num_verified += lengths
-        self.num_accepted += good
+        verified, accepted = (_NO_COUNTS, _NO_COUNTS) if histograms is None else histograms
+        apply_lengths(self.remaining, self.num_verified, self.num_accepted, lengths, good, remaining_after,
+                      verified, accepted, histograms is not None)
 
 
 def add_counters(store: RequestStore, columns: dict[str, np.ndarray]) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 
 from simulator.batch import StepPlan
 from simulator.costs.step_cost import VerifyCost
+from simulator.step_kernels import settle_lengths
 
 _BATCH_STEPS = 512  # measured steps whose lengths are counted in one go
 
@@ -17,17 +18,18 @@ class DecodeStep(StepPlan):
     to each request's end (tokens accepted past it are never emitted), so a
     request-step emits ``good + 1`` tokens; ``remaining_after`` [R]: the output
     tokens each request still needs afterwards. Both stay None in a step without
-    draft tokens, where every request emits one token. ``ends_request``: some
+    draft tokens, where every request emits one token; ``num_good`` is the sum
+    of ``good``, ``longest`` the longest l_r (-1 until settled). ``ends_request``: some
     request finishes with this step; ``completes_prefill``: some prefill chunk
     completes its request's prefill.
     """
 
-    def __init__(self, start_at: float) -> None:
-        super().__init__(start_at)
-        self.good: np.ndarray | None = None
-        self.remaining_after: np.ndarray | None = None
-        self.ends_request = self.completes_prefill = False
-        self.duration_s = self.end_at = 0.0
+    good: np.ndarray | None = None
+    remaining_after: np.ndarray | None = None
+    num_good = 0
+    longest = -1  # the longest l_r, once settled
+    ends_request = completes_prefill = False
+    duration_s = end_at = 0.0
 
     def priced(self, cost: VerifyCost) -> None:
         """The target's time is known: the step lasts T_draft + T_sched + T_verify from ``start_at``."""
@@ -36,25 +38,29 @@ class DecodeStep(StepPlan):
         self.end_at = self.start_at + self.duration_s
 
     def settle(self, remaining: np.ndarray, drafts: bool) -> None:
-        """The outcome of the decided lengths and true outcomes for requests needing ``remaining`` [R] tokens."""
+        """The outcome of the decided lengths and true outcomes for requests needing ``remaining`` [R] tokens; the
+        step's ``num_verified`` and ``decode_tokens`` too."""
         if not self.num_requests:
             return
-        if not drafts:
+        if not drafts:  # no draft token: every l_r is 0 (num_verified stays 0)
+            self.longest, self.decode_tokens = 0, self.num_requests
             self.ends_request = int(remaining.min()) == 1
             return
-        remaining_after = remaining - 1
-        good = np.minimum(self.lengths, self.accepted)
-        np.minimum(good, remaining_after, out=good)
-        remaining_after -= good
+        good = np.empty(self.num_requests, dtype=np.int64)
+        remaining_after = np.empty(self.num_requests, dtype=np.int64)
+        num_verified, self.num_good, self.longest, self.ends_request = settle_lengths(
+            self.lengths, self.accepted, remaining, good, remaining_after)
+        self.num_verified, self.decode_tokens = num_verified, self.num_requests + num_verified
         self.good, self.remaining_after = good, remaining_after
-        self.ends_request = not remaining_after.all()
 
 
 class LengthCounts:
     """Request-steps by verified draft tokens l_r and by accepted draft tokens (0..g), over measured steps.
 
     Per-position acceptance follows from their reverse cumulative sums. Steps
-    are kept as they come and counted in batches (one bincount per many steps).
+    given to :meth:`add` are kept as they come and counted in batches (one
+    bincount per many steps); the engine counts into :attr:`histograms` in place
+    instead, as it applies a step (:meth:`simulator.decode_set.DecodeSet.step_done`).
     """
 
     def __init__(self, draft_tokens: int) -> None:
@@ -72,6 +78,12 @@ class LengthCounts:
         """A step without draft tokens: every request verified and accepted none."""
         self._verified[0] += num_requests
         self._accepted[0] += num_requests
+
+    @property
+    def histograms(self) -> tuple[np.ndarray, np.ndarray]:
+        """The counts by verified and by accepted length [g + 1] (steps given to :meth:`add` not counted yet), to
+        count into in place."""
+        return self._verified, self._accepted
 
     @property
     def verified(self) -> np.ndarray:

@@ -334,10 +334,9 @@ class DecodeEngine(Preemption):
                 if measured:
                     self.length_counts.add_without_drafts(plan.num_requests)
             else:
-                decode.step_done(plan.lengths, plan.good, plan.remaining_after)
-                good_sum = int(plan.good.sum())
-                if measured:
-                    self.length_counts.add(plan.lengths, plan.good)
+                decode.step_done(plan.lengths, plan.good, plan.remaining_after,
+                                 self.length_counts.histograms if measured else None)
+                good_sum = plan.num_good
             emitted_sum = good_sum + plan.num_requests
         if plan.decision is not None:
             self.memory = self.memory.after(self.policy, plan.decided_ids, plan.decision)

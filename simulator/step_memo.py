@@ -39,7 +39,9 @@ class StepCostMemo:
         if not self._enabled or (plan.chunks.size and plan.chunks.any()):
             return self.pricer.verify(plan.lengths, plan.decode_tokens, plan.context_tokens, chunk_context_tokens,
                                       plan.chunks, self.detailed)
-        longest = int(plan.lengths.max()) if self._pads and plan.num_requests else 0
+        longest = 0
+        if self._pads and plan.num_requests:
+            longest = plan.longest if plan.longest >= 0 else int(plan.lengths.max())
         key = (plan.num_requests, plan.decode_tokens, longest)
         cost = self._costs.get(key)
         if cost is None:

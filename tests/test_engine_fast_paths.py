@@ -268,6 +268,43 @@ def test_length_counts_in_batches_equal_counts_per_step():
     assert counts.verified.tolist() == verified.tolist() and counts.accepted.tolist() == accepted.tolist()
 
 
+def test_settling_and_applying_a_step_equal_the_numpy_formulas():
+    """The compiled bookkeeping of a step (DecodeStep.settle, DecodeSet.step_done with histograms) against the
+    numpy formulas it replaced, on random steps, requests about to finish among them."""
+    cases = np.random.default_rng(8)
+    store = RequestStore()
+    ids = store.add(np.zeros(30), cases.integers(0, 3, 30), np.full(30, 10), np.full(30, 10**6),
+                    cases.standard_normal(30))
+    decode = DecodeSet()
+    decode.add(store, ids, cases.integers(1, 6, 30), np.zeros(30, dtype=np.int64))
+    counts, verified, accepted = LengthCounts(7), np.zeros(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
+    for _ in range(200):
+        lengths, outcome = cases.integers(0, 8, decode.size), cases.integers(0, 8, decode.size)
+        remaining, num_verified, num_accepted = (decode.remaining.copy(), decode.num_verified.copy(),
+                                                 decode.num_accepted.copy())
+        step = DecodeStep(0.0)
+        step.decided(decode.ids, None, lengths, outcome, None, 0.0, 0.0)  # type: ignore[arg-type]
+        step.settle(decode.remaining, drafts=True)
+        good = np.minimum(np.minimum(lengths, outcome), remaining - 1)
+        assert step.good.tolist() == good.tolist() and step.remaining_after.tolist() == (remaining - 1 - good).tolist()
+        assert (step.num_verified, step.decode_tokens, step.num_good, step.longest, step.ends_request) == (
+            lengths.sum(), lengths.size + lengths.sum(), good.sum(), lengths.max(), bool((remaining - 1 == good).any()))
+        measured = cases.random() < 0.7
+        decode.step_done(step.lengths, step.good, step.remaining_after, counts.histograms if measured else None)
+        if measured:
+            verified += np.bincount(lengths, minlength=8)
+            accepted += np.bincount(good, minlength=8)
+        assert decode.remaining.tolist() == (remaining - 1 - good).tolist()
+        assert decode.num_verified.tolist() == (num_verified + lengths).tolist()
+        assert decode.num_accepted.tolist() == (num_accepted + good).tolist()
+        finished = decode.remaining == 0
+        decode.take(finished)
+        joining = int(finished.sum())
+        if joining:
+            decode.add(store, ids[:joining], cases.integers(1, 6, joining), np.zeros(joining, dtype=np.int64))
+    assert counts.verified.tolist() == verified.tolist() and counts.accepted.tolist() == accepted.tolist()
+
+
 @pytest.mark.parametrize("padded_slot_s", [0.0, 3e-6])  # without and with a charge per padded query slot
 def test_remembered_step_costs_equal_the_pricers(default_profile, padded_slot_s):
     profile = dataclasses.replace(default_profile, padded_slot_s=padded_slot_s)
@@ -277,6 +314,10 @@ def test_remembered_step_costs_equal_the_pricers(default_profile, padded_slot_s)
         step = DecodeStep(0.0)
         lengths = cases.integers(0, 8, int(cases.integers(1, 6)))
         step.decided(np.arange(lengths.size), None, lengths, lengths, None, 0.0, 0.0)  # type: ignore[arg-type]
+        if cases.random() < 0.5:  # settled: the memo reads the longest length the step's kernel found
+            step.settle(np.full(lengths.size, 100), drafts=True)
+        else:
+            step.decode_tokens = lengths.size + int(lengths.sum())
         want = memo.pricer.verify(lengths, step.decode_tokens, None, np.empty(0, np.int64), step.chunks, False)
         assert memo.verify(step, np.empty(0, np.int64)) == want
 

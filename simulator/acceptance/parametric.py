@@ -27,6 +27,7 @@ import numpy as np
 from scipy.special import expit, ndtr, ndtri
 
 from simulator.acceptance.curves import AcceptanceCurve
+from simulator.acceptance.kernels import latent_steps
 from simulator.acceptance.latent import DifficultySpec, fit_latent
 from simulator.acceptance.preset_file import AcceptancePreset, PresetError
 from simulator.acceptance.presets import load_preset
@@ -248,37 +249,24 @@ class AcceptanceModel:
             raise ValueError(f"{g} draft tokens requested but the acceptance model was built for gamma={self.gamma}")
         if g == 0 or num_requests == 0:
             return np.zeros((num_steps, num_requests, g)), np.zeros((num_steps, num_requests), dtype=np.int64)
-        # Few numpy calls per call (an engine samples every step, often for a handful of requests).
         z = difficulty
         if self._domain_ready[domain_idx].all():  # every request's domain has one curve, fitted
-            rows = self._domain_rows[domain_idx]  # [R, 5, gamma]
+            table, rows = self._domain_rows, domain_idx
         else:
-            cls = self._single[domain_idx]
-            if cls.min() < 0:  # a domain with several curves, or none
-                cls, z = self.request_classes(domain_idx, difficulty)
-            if not self._fitted[cls].all():
-                self._fit(np.unique(cls))
-            rows = self._rows[cls]
-        mu, load0, load1, inv_psd, scale_a = rows[:, :, :g].transpose(1, 0, 2)  # each [R, g]
-        spec = self.difficulty
+            rows = self._single[domain_idx]
+            if rows.min() < 0:  # a domain with several curves, or none
+                rows, z = self.request_classes(domain_idx, difficulty)
+            if not self._fitted[rows].all():
+                self._fit(np.unique(rows))
+            table = self._rows
         # (A, W) of the latent model is bivariate normal: two draws per token suffice. One call draws the stream
         # that per-step calls would (numpy draws standard normals one after the other, whatever the size).
-        size = num_requests * g
-        draws = rng.standard_normal(num_steps * (2 * size + num_requests)).reshape(num_steps, -1)
-        n0 = draws[:, :size].reshape(num_steps, num_requests, g)
-        n1 = draws[:, size:2 * size].reshape(num_steps, num_requests, g)
-        shift = spec.request_spread * z + spec.step_spread * draws[:, 2 * size:]  # [K, R]
-        base = mu + shift[:, :, None]  # [K, R, g]
-        # Accepted draft count = index of the first rejection (g when there is none).
-        rejected = np.ones((num_steps, num_requests, g + 1), dtype=bool)
-        latent = scale_a * n0
-        latent += base
-        np.less_equal(latent, 0.0, out=rejected[:, :, :g])
-        accepted = rejected.argmax(axis=2)
-        confidence = load0 * n0
-        np.add(base, confidence, out=confidence)
-        confidence += load1 * n1
-        confidence *= inv_psd
+        draws = rng.standard_normal(num_steps * (2 * num_requests * g + num_requests)).reshape(num_steps, -1)
+        confidence = np.empty((num_steps, num_requests, g))
+        accepted = np.empty((num_steps, num_requests), dtype=np.int64)
+        spec = self.difficulty
+        latent_steps(draws, table, rows, np.asarray(z, dtype=np.float64), float(spec.request_spread),
+                     float(spec.step_spread), g, confidence, accepted)
         ndtr(confidence, out=confidence)
         if not self.confidence_spec.calibrated:
             confidence = self.raw(confidence.reshape(-1, g)).reshape(num_steps, num_requests, g)
