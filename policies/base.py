@@ -29,7 +29,7 @@ from policies import kernels
 Objective = Literal["tokens_x_sps", "tokens_per_s"]
 
 # Tables of at most this many survivals are sorted inside the kernels; larger ones by numpy's vectorised sort,
-# which is faster from a few hundred entries on. Either way the sorted values are the same.
+# which is faster from a few dozen entries on. Either way the sorted values are the same.
 SMALL_TABLE_ENTRIES = 48
 
 
