@@ -142,7 +142,8 @@ def test_tables_have_the_simulators_schema(served) -> None:
                                   traffic=TrafficSpec(num_users=2), duration_s=0.5))
     assert list(result.requests.columns) == list(sim.requests.columns)
     assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens",
-                                          "prefill_tokens", "num_prefill_requests"]
+                                          "prefill_tokens", "num_prefill_requests", "max_verified_tokens", "wait_s",
+                                          "cpu_at"]
     assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
 
 

@@ -8,18 +8,24 @@ sampling in Python, policy-state and request bookkeeping, the loop between steps
 with each other (caches and predictors hold the other model's state) and attend
 over each request's real context, padded to the longest in the batch, which
 grows with the number of requests R. :func:`measure_loop_costs` runs the serving
-loop itself with static policies (``mtp1`` and ``mtp<gamma>``, random prompts,
-the workload's lengths) at several concurrencies R, longer by the R first
-prefills that fill the batch, and measures on the steps with the whole batch:
+loop itself with static policies (``mtp1`` and ``mtp<gamma>``) and with
+:class:`VariableLength` (verification lengths that differ between requests and
+change every step, as a dynamic policy's do; random prompts, the workload's
+lengths) at several concurrencies R, longer by the R first prefills that fill the
+batch, and measures on the steps with the whole batch, as **means** (throughput
+is tokens over the sum of step times; a CPU's step times have a right tail, steps
+up to 2x slower in every part while another job shares the core, that a median
+would leave out):
 
-* ``draft_factor[R, g]``: median of in-loop drafter seconds / the isolated draft
-  table, for g = 1 and gamma;
+* ``draft_factor[R, g]``: in-loop drafter seconds / the isolated draft table,
+  summed over the static probes' steps, for g = 1 and gamma;
 * the non-draft residual: step cycle (end of the previous step to the end of this
-  one) minus in-loop drafter seconds minus the isolated ``1 / SPS(B) +
-  per_request(R)`` (+ the attention table at the step's contexts, version 2) - host
-  work and the forward passes' in-loop excess - fitted as ``a_R + c B`` (one
-  intercept per R, one slope);
-* ``prefill_factor``: median of in-loop prefill seconds / the profile's ``prefill_s``;
+  one, less any sleep for a prefill) minus in-loop drafter seconds minus the
+  isolated ``1 / SPS(B) + per_request(R)`` with the step's query padding
+  (+ the attention table at the step's contexts, version 2) - host work and the
+  forward passes' in-loop excess - fitted as ``a_R + c B`` (one intercept per R,
+  one slope) by least squares over every step;
+* ``prefill_factor``: in-loop prefill seconds / the profile's ``prefill_s``, summed;
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
 
@@ -43,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -55,14 +61,31 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.timing import run_times_s
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST, ContextCost
 from policies import make_policy
-from policies.base import CostCurve, Policy
+from policies.base import CostCurve, Decision, Policy, PolicyTraits, StepView, prefix_survival, trim_to_budget
 from policies.driver import CostSource, PolicyMemory
 from policies.greedy import Greedy
 from simulator.costs import HardwareProfile, profile_from_dict
 from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
+
+
+@dataclass(frozen=True)
+class VariableLength(PolicyTraits):
+    """The loop probe's dynamic-shape policy: each request verifies a length in 0..gamma that looks random and
+    changes every step - a hash of the drafter's first confidence, independent of what will be accepted - so
+    that the probe's steps have the varying, padded shapes a dynamic policy's steps have, at no decision cost."""
+
+    name: ClassVar[str] = "varlen-probe"
+
+    def decide(self, view: StepView) -> Decision:
+        spread = np.modf(np.asarray(view.confidence[:, 0], dtype=np.float64) * 9973.0)[0]
+        lengths = trim_to_budget(np.minimum((spread * (view.gamma + 1)).astype(np.int64), view.gamma),
+                                 view.draft_budget)
+        return Decision(lengths=lengths, pool=prefix_survival(view.confidence), capacity=int(lengths.sum()))
+
 
 FIXED_LENGTHS = LengthSpec(prompt_median_tokens=32, prompt_sigma=0.0, output_median_tokens=96, output_sigma=0.0)
 
@@ -129,9 +152,10 @@ class LoopCosts:
 def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
                        isolated: HardwareProfile, lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0,
                        duration_s: float = 0.8, warmup_s: float = 0.2,
-                       max_lengths: tuple[int, int] | None = None) -> LoopCosts:
+                       max_lengths: tuple[int, int] | None = None, clock: ClockKind = "wall") -> LoopCosts:
     """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``.
-    ``max_lengths``: the longest prompt and output (default: 4 x the medians)."""
+    ``max_lengths``: the longest prompt and output (default: 4 x the medians); ``clock``: the loop's clock (the one
+    the runs this profile is compared with use)."""
     # Static policies never read the cost curve: a flat one keeps the probe independent of the profile. A profile
     # that prices context is priced as the loop will price it (the curve is computed every step, for every policy:
     # host time the residual must hold).
@@ -146,24 +170,30 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     if not probed:
         raise ValueError(f"no R in {num_requests} fits R x (1 + gamma={gamma}) into the profile's "
                          f"{isolated.max_batch_tokens} batch tokens")
-    frames, prefill_ratios = [], []
+    # mtp1 and mtp<gamma>: the draft factor at both draft lengths; VariableLength: steps whose verification lengths
+    # differ between requests and change from step to step (padding, shapes the forward did not just run), as a
+    # dynamic policy's do, without any dynamic policy's decisions.
+    probes = [(make_policy(f"mtp{k}"), k) for k in gammas] + [(VariableLength(), gamma)]
+    frames, prefill_s, prefill_iso_s = [], [], []
     for r in probed:
         # The r users' first prefills go one after the other: the decode clock waits for them before the batch is
         # full (long prompts make that a large part of a short probe), so the probe runs that much longer.
         ramp_s = r * float(isolated.prefill_s(lengths.prompt_median_tokens))
-        for k in gammas:
+        for policy, k in probes:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
-            spec = ServingSpec(make_policy(f"mtp{k}"), gamma, traffic, EngineLimits(r, 1_000_000),
-                               duration_s=duration_s + ramp_s, warmup_s=warmup_s + ramp_s, seed=seed)
+            spec = ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000),
+                               duration_s=duration_s + ramp_s, warmup_s=warmup_s + ramp_s, seed=seed, clock=clock)
             result = serve(spec, models)
             done = result.requests.dropna(subset=["first_token_at"])
-            prefill_ratios.append((done["first_token_at"] - done["prefill_start_at"])
-                                  / isolated.prefill_s(done["prompt_tokens"].to_numpy()))
+            prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
+            prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
             steps = result.steps
-            cycle_s = steps["end_at"].diff()  # end of the previous step to the end of this one
+            # end of the previous step to the end of this one, less any sleep for a prefill (idle, not step cost)
+            cycle_s = steps["end_at"].diff() - steps["wait_s"]
             measured = steps["start_at"] >= warmup_s + ramp_s
-            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r)[measured])
+            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r,
+                                       static=not isinstance(policy, VariableLength))[measured])
     s = pd.concat(frames, ignore_index=True)
     # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is prefilled again;
     # those would price R = r with a smaller batch's costs.
@@ -172,31 +202,32 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, draft tokens) {missing}; "
                          "lengthen the probe (duration_s)")
-    padded = drafter.kind in isolated.draft and isolated.draft[drafter.kind].key_padding == "longest"
-    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, m if padded else c / r) for r, g, c, m in
-                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], s["max_context_tokens"],
-                              strict=True)])
-    iso_verify = np.array([isolated.verify_s(r, b) + _attention_s(isolated, r, k, c, m) for r, b, k, c, m in
-                           zip(s["num_requests"], s["batch_tokens"], s["draft_tokens"], s["context_tokens"],
+    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, c / r) for r, g, c in
+                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], strict=True)])
+    padded = s["num_requests"] * (1 + s["max_verified_tokens"]) - s["batch_tokens"]
+    iso_verify = np.array([isolated.verify_s(r, b, p) + _attention_s(isolated, r, k, c, m) for r, b, p, k, c, m in
+                           zip(s["num_requests"], s["batch_tokens"], padded, s["draft_tokens"], s["context_tokens"],
                                s["max_context_tokens"], strict=True)])
-    s = s.assign(draft_ratio=s["draft_s"] / iso_draft,
+    s = s.assign(iso_draft_s=iso_draft,
                  residual_s=s["cycle_s"] - s["draft_s"] - iso_verify,  # what the isolated verify table misses
                  host_s_cycle=s["cycle_s"] - s["draft_s"] - s["verify_s"])
-    factors = s.groupby(["users", "draft_tokens"])["draft_ratio"].median()
+    # Means, not medians: throughput is tokens over the *sum* of step times, and on a CPU the step times have a
+    # right tail (steps that run up to 2x slower in every part - drafter, forward, host - while another job shares
+    # the core); a median leaves it out and prices every step as a typical one.
+    sums = s[s["static"]].groupby(["users", "draft_tokens"])[["draft_s", "iso_draft_s"]].sum()
+    factors = sums["draft_s"] / sums["iso_draft_s"]
     grid = tuple(tuple(float(factors.get((r, k), np.nan)) for k in gammas) for r in probed)
-    # residual = a_R + c B, one intercept per probed R and a common slope, fitted to per-(R, B) medians
-    med = s.groupby(["users", "batch_tokens"], as_index=False)["residual_s"].median()
-    design = np.column_stack([(med["users"] == r).to_numpy(float) for r in probed] + [med["batch_tokens"]])
-    coef = np.linalg.lstsq(design, med["residual_s"].to_numpy(), rcond=None)[0]
+    # residual = a_R + c B, one intercept per probed R and a common slope, least squares over every step (a mean fit)
+    design = np.column_stack([(s["users"] == r).to_numpy(float) for r in probed] + [s["batch_tokens"]])
+    coef = np.linalg.lstsq(design, s["residual_s"].to_numpy(), rcond=None)[0]
     if coef[-1] < 0:  # work per batch token cannot be negative: noise; keep the intercepts, no slope
         coef[-1] = 0.0
-        coef[:-1] = [med.loc[med["users"] == r, "residual_s"].mean() for r in probed]
-    host = s.groupby(["num_requests", "num_verified_tokens"], as_index=False)["host_s_cycle"].median()
-    host_design = np.column_stack((np.ones(len(host)), host["num_requests"], host["num_verified_tokens"]))
-    host_coef = np.linalg.lstsq(host_design, host["host_s_cycle"].to_numpy(), rcond=None)[0]
-    return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]),
-                     float(np.median(pd.concat(prefill_ratios))), float(host_coef[0]), float(host_coef[1]),
-                     float(host_coef[2]), len(s))
+        coef[:-1] = [s.loc[s["users"] == r, "residual_s"].mean() for r in probed]
+    host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
+    host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
+    prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
+    return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]), prefill_factor,
+                     float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s))
 
 
 def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,
@@ -214,7 +245,7 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
                     lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
                     on_point: Callable[[str], None] = lambda _: None,
                     policies: tuple[str, ...] = ("greedy",),
-                    max_lengths: tuple[int, int] | None = None) -> dict[str, Any]:
+                    max_lengths: tuple[int, int] | None = None, clock: ClockKind = "wall") -> dict[str, Any]:
     """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
 
     The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
@@ -263,7 +294,7 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     isolated = dict(profile, prefill=prefill)
     on_point(f"serving-loop costs ({drafter.kind} drafter)")
     costs = measure_loop_costs(model, drafter, gamma, probe_requests, profile_from_dict(isolated), lengths, seed,
-                               max_lengths=max_lengths)
+                               max_lengths=max_lengths, clock=clock)
     out = costs.fold(isolated)
     meta = out["metadata"]
     meta["forward_only"]["verifier_prefill"] = profile["prefill"]

@@ -44,18 +44,19 @@ TIMED_PARTS = ("draft", "sched", "verify")  # stopwatch names, also the steps ta
 
 
 class Stopwatch:
-    """Accumulates wall-clock seconds of the calls it wraps."""
+    """Accumulates seconds of the calls it wraps, on ``timer`` (wall clock by default; the serving loop's CPU clock
+    passes ``time.thread_time``)."""
 
-    def __init__(self) -> None:
-        self.total_s = 0.0
+    def __init__(self, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.total_s, self.timer = 0.0, timer
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = self.timer()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.total_s += time.perf_counter() - start
+                self.total_s += self.timer() - start
         return timed
 
     def take(self) -> float:
@@ -119,11 +120,13 @@ class LiveBatch:
 
     def __init__(self, verifier: Verifier, drafter: Drafter, policy: Policy, cost: CostSource | ContextCost,
                  gamma: int, max_requests: int, max_tokens_per_request: int, temperature: float = 1.0,
-                 prefill_slots: int = 0, token_budget: int | None = None) -> None:
+                 prefill_slots: int = 0, token_budget: int | None = None,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         if max_requests < 1 or max_tokens_per_request < 2:
             raise ValueError(f"max_requests must be >= 1 and max_tokens_per_request >= 2, got {max_requests}, "
                              f"{max_tokens_per_request}")
-        self.watches = {name: Stopwatch() for name in TIMED_PARTS}
+        self.timer = timer  # what the step's parts are timed with (wall clock, or the loop's CPU clock)
+        self.watches = {name: Stopwatch(timer) for name in TIMED_PARTS}
         self.verifier, self.drafter, self.temperature = verifier, drafter, temperature
         self.max_requests = max_requests
         # The cache holds the prompt, the output and one step's unverified tail (anchor + gamma drafts).
@@ -206,9 +209,9 @@ class LiveBatch:
             raise RuntimeError("step on an empty batch")
         for watch in self.watches.values():
             watch.take()
-        start = time.perf_counter()
+        start = self.timer()
         record = self.decoder.step(rng, generator, fill=fill)
-        return record, self._timing(time.perf_counter() - start)
+        return record, self._timing(self.timer() - start)
 
     def _timing(self, total_s: float) -> StepTiming:
         parts = {name: watch.take() for name, watch in self.watches.items()}
@@ -229,9 +232,9 @@ class LiveBatch:
         """A step of prefill chunks alone (nobody decoding), timed: the first tokens of completed prompts."""
         for watch in self.watches.values():
             watch.take()
-        start = time.perf_counter()
+        start = self.timer()
         firsts = self.decoder.prefill_chunks(chunks, rng)
-        return firsts, self._timing(time.perf_counter() - start)
+        return firsts, self._timing(self.timer() - start)
 
     @torch.inference_mode()
     def close_prefill(self, slot: int, first_token: int) -> Prefilled:

@@ -28,16 +28,15 @@ with one engine, the simulator's engine model made real:
   are computed in chunks inside the decode steps' verifier forward, after the
   verification tokens (:mod:`calibration.serving.chunked`); the policy sees the
   budget and never exceeds it.
-* **Clock**: ``time.perf_counter`` seconds since the start (less the prefill
-  time in disaggregated mode). Open-loop arrivals are waited for in real time.
+* **Clock** (``spec.clock``): wall or the thread's CPU seconds plus sleeps, since
+  the start, less prefill time (disaggregated). Arrivals are waited for.
 
 The result has the simulator's tables: ``requests`` with the columns of
 :class:`simulator.requests.RequestStore` (``difficulty`` is NaN: real requests
 have none), the metrics of :func:`simulator.metrics.add_request_metrics` and
 ``in_window`` (the requests that arrived before the end, as the simulator's);
 ``steps`` with :data:`calibration.serving.spec.STEP_COLUMNS`: the simulator's
-``StepLog.COLUMNS`` plus ``host_s`` (step time outside drafter, policy and
-verifier forward), the step's contexts and its prefill chunks; the summary comes from
+``StepLog.COLUMNS`` plus the loop's own (see there); the summary comes from
 :func:`simulator.metrics.summarize` over the same window as the simulator's.
 """
 
@@ -55,6 +54,7 @@ from calibration.serving.batch import LiveBatch, Prefilled
 from calibration.serving.chunked import ChunkedPrefill, Prefilling
 from calibration.serving.spec import (
     STEP_COLUMNS,
+    ClockKind,
     PrefillMode,
     PromptSource,
     ServingModels,
@@ -72,19 +72,27 @@ __all__ = ["STEP_COLUMNS", "PrefillMode", "PromptSource", "ServingModels", "Serv
            "random_prompts", "serve"]
 
 class _Clock:
-    """Seconds of the decode device: wall clock since creation, less the time booked to the prefill instance."""
+    """Seconds of the decode device since creation, less the time booked to the prefill instance.
 
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-        self.excised_s = 0.0
+    ``wall``: the wall clock. ``cpu``: the loop thread's CPU seconds (``time.thread_time``; torch runs on this
+    thread) plus the seconds it slept for arrivals: the decode device is busy exactly while the loop computes, and
+    time other jobs take from it on a shared machine is not booked to it.
+    """
+
+    def __init__(self, kind: ClockKind = "wall") -> None:
+        self.timer = time.thread_time if kind == "cpu" else time.perf_counter
+        self.sleeps_count = kind == "cpu"  # the CPU clock does not run while the thread sleeps
+        self._start, self.excised_s, self.slept_s = self.timer(), 0.0, 0.0
 
     def now(self) -> float:
-        return time.perf_counter() - self._start - self.excised_s
+        return self.timer() - self._start - self.excised_s + self.slept_s
 
     def wait_until(self, at: float) -> None:
         delay = at - self.now()
         if delay > 0:
             time.sleep(delay)
+            if self.sleeps_count:
+                self.slept_s += delay
 
 
 class _Server:
@@ -99,7 +107,7 @@ class _Server:
         self.rng_prompts, self.rng_accept = np.random.default_rng(streams[5]), np.random.default_rng(streams[6])
         self.generator = torch.Generator().manual_seed(int(streams[7].generate_state(1)[0]))
         self.store, self.steps = RequestStore(), StepLog()
-        self.clock = _Clock()
+        self.clock = _Clock(spec.clock)
         traffic = spec.traffic
         self.sampler: RequestSampler | None = None
         self.pending: list[tuple[float, int, int]] = []  # closed loop: heap of (arrival_at, order, user)
@@ -129,7 +137,8 @@ class _Server:
         self.chunked = ChunkedPrefill(budget) if spec.prefill == "chunked" and budget is not None else None
         self.batch = LiveBatch(models.verifier, models.drafter, spec.policy, models.cost, spec.gamma,
                                spec.limits.max_concurrency, need, spec.temperature,
-                               prefill_slots=spec.limits.max_concurrency if self.chunked else 0, token_budget=budget)
+                               prefill_slots=spec.limits.max_concurrency if self.chunked else 0, token_budget=budget,
+                               timer=self.clock.timer)
         self.staged: deque[tuple[int, Prefilled]] = deque()  # prefilled, in prefill-completion order
         self.prefill_free_at = 0.0
         self.kv_used_tokens = 0
@@ -137,6 +146,8 @@ class _Server:
         self.counters: dict[int, np.ndarray] = {}  # request id -> [steps, verified, accepted]
         self.outputs: dict[int, list[int]] = {}
         self.num_finished = 0
+        self.waited_s = 0.0  # slept since the previous step (see _take_wait)
+        self.cpu_start_s = time.thread_time()
         g = spec.policy.draft_tokens(spec.gamma)
         self.verified_length_counts = np.zeros(g + 1, dtype=np.int64)
         self.accepted_length_counts = np.zeros(g + 1, dtype=np.int64)
@@ -167,9 +178,9 @@ class _Server:
         domain = DOMAINS[int(store.domain_idx[rid])]
         prompt = self.models.prompts(domain, int(store.prompt_tokens[rid]), self.rng_prompts)
         start_at = clock.now()
-        started_wall = time.perf_counter()
+        started = clock.timer()
         staged = self.batch.prefill(prompt, self.rng_accept)
-        prefill_s = time.perf_counter() - started_wall
+        prefill_s = clock.timer() - started
         if self.spec.prefill == "disaggregated":
             clock.excised_s += prefill_s  # booked to the prefill instance, not the decode device
             start_at = max(float(store.arrival_at[rid]), self.prefill_free_at)
@@ -255,7 +266,12 @@ class _Server:
         prefill_tokens, num_prefilling = self._advance_prefill(firsts, start_at, end_at)
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
-                          host_s, 0, 0, prefill_tokens, num_prefilling)
+                          host_s, 0, 0, prefill_tokens, num_prefilling, 0, self._take_wait(),
+                          time.thread_time() - self.cpu_start_s)
+
+    def _take_wait(self) -> float:  # seconds slept since the previous step (its wait_s)
+        waited_s, self.waited_s = self.waited_s, 0.0
+        return waited_s
 
     def _finish(self, ids: np.ndarray, at: float) -> None:
         store = self.store
@@ -303,7 +319,8 @@ class _Server:
         self.steps.append(0, start_at, end_at, ids.size, int(ids.size + lengths.sum()), int(lengths.sum()),
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
                           timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()),
-                          prefill_tokens, num_prefilling)
+                          prefill_tokens, num_prefilling, int(lengths.max()), self._take_wait(),
+                          time.thread_time() - self.cpu_start_s)
         if finished.size:
             self._finish(finished, end_at)
 
@@ -345,7 +362,9 @@ class _Server:
             wake_at = self._next_event_at()
             if wake_at is None:  # open loop, nothing left to arrive and nothing in flight
                 return now if until is None else float(until)
+            waited_from = clock.now()
             clock.wait_until(wake_at if until is None else min(wake_at, until))
+            self.waited_s += clock.now() - waited_from
 
 
 @torch.inference_mode()

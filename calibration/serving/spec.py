@@ -26,12 +26,18 @@ from traces.synthetic import TrafficSpec
 from traces.workload import Workload
 
 PrefillMode = Literal["disaggregated", "colocated", "chunked"]
+ClockKind = Literal["wall", "cpu"]
 PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, tokens, rng) -> token ids
 # The simulator's step columns, host time, the contexts the step attended over (the sum over the batch of the KV
 # tokens each request held before the step - the simulator's context_tokens - and the longest of them, to which the
-# verifier pads every request's keys) and the step's prefill chunks (chunked mode; the simulator's names).
+# verifier pads every request's keys), the step's prefill chunks (chunked mode; the simulator's names), the longest
+# verification of the step (the verifier pads every request's queries to 1 + it) and the seconds the loop slept for an
+# arrival or a prefill between the previous step and this one (idle decode device, not step cost), and the loop
+# thread's CPU seconds at the step's end (since the start: a cycle's wall time beyond its CPU time and its sleep is
+# time other jobs took).
 STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens", "prefill_tokens",
-                "num_prefill_requests")
+                "num_prefill_requests", "max_verified_tokens", "wait_s",
+                "cpu_at")
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,13 @@ class ServingSpec:
     seed: int = 0
     prefill: PrefillMode = "disaggregated"
     temperature: float = 1.0
+    # "wall": the decode clock is the wall clock; "cpu": the loop thread's CPU seconds plus its sleeps, so that time
+    # other jobs on a shared machine take from the loop is not booked to the decode device (see serving.loop)
+    clock: ClockKind = "wall"
 
     def __post_init__(self) -> None:
+        if self.clock not in ("wall", "cpu"):
+            raise ValueError(f"clock must be 'wall' or 'cpu', got {self.clock!r}")
         if self.prefill not in ("disaggregated", "colocated", "chunked"):
             raise ValueError(f"prefill must be 'disaggregated', 'colocated' or 'chunked', got {self.prefill!r}")
         if self.prefill == "chunked" and self.limits.max_num_batched_tokens is None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from scipy import stats
 
 from simulator.metrics import summarize
 
@@ -103,22 +104,67 @@ def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, 
     return row
 
 
+def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, Any]],
+                    level: float = 0.95) -> dict[str, float]:
+    """The spread of a point's error across its slices: for each bounded metric, the relative error of every slice
+    (simulator slice k against real slice k: same seed, same requests) -> ``<metric>_slice_sd`` (their standard
+    deviation) and ``<metric>_ci`` (half-width of a Student-t ``level`` interval of their mean; NaN with one slice)."""
+    out: dict[str, float] = {}
+    for name in TARGET_METRICS:
+        path = METRICS[name][1]
+        errors = np.array([(_read(s, path) - _read(r, path)) / _read(r, path)
+                           for s, r in zip(sims, reals, strict=True)])
+        n = errors.size
+        sd = float(np.std(errors, ddof=1)) if n > 1 else float("nan")
+        out[f"{name}_slice_sd"] = sd
+        out[f"{name}_ci"] = float(stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n)) if n > 1 else float("nan")
+    return out
+
+
 def worst_errors(table: pd.DataFrame) -> dict[str, float]:
-    """Largest absolute relative error of each bounded metric over all points."""
+    """Largest absolute relative error of each bounded metric over the reported points."""
     return {name: float(table[f"{name}_err"].abs().max()) for name in TARGET_METRICS}
+
+
+def mean_abs_errors(table: pd.DataFrame) -> dict[str, float]:
+    """Mean absolute relative error of each bounded metric over the reported (not spoiled) points."""
+    return {name: float(table[f"{name}_err"].abs().mean()) for name in TARGET_METRICS}
+
+
+def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
+    """How many slices drift refused and which points it spoiled (empty without drift screening)."""
+    if "slices_kept" not in table:
+        return ""
+    spoiled = table[table["spoiled"]]
+    refused = int((table["slices"] - table["slices_kept"]).sum())
+    text = (f"; {refused} of {int(table['slices'].sum())} slices refused (reference probe beyond +-{100 * tolerance:g}%"
+            f" of profiling's)")
+    if len(spoiled):
+        text += "; not reported (spoiled by drift): " + ", ".join(f"{p} x{u}" for p, u in
+                                                                   zip(spoiled["policy"], spoiled["num_users"],
+                                                                       strict=True))
+    return text
 
 
 def markdown_table(table: pd.DataFrame) -> str:
     """Sim | real | error for every metric, one row per point."""
     shown = [m for m in METRICS if table[f"{m}_sim"].notna().any() or table[f"{m}_real"].notna().any()]
-    header = ["policy", "users", "machine drift"] + [METRICS[m][0] + " sim / real (err)" for m in shown]
+    kept = "slices_kept" in table
+    header = ["policy", "users", "machine drift"] + (["slices kept", "real step / priced"] if kept else []) + [
+        METRICS[m][0] + " sim / real (err" + (" +- 95% CI over slices" if kept and m in TARGET_METRICS else "") + ")"
+        for m in shown]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.to_dict("records"):
         cells = [str(row["policy"]), str(row["num_users"]), f"{100 * row['machine_drift']:+.1f}%"]
+        if kept:
+            cells.append(f"{row['slices_kept']}/{row['slices']}" + (" (spoiled: not reported)" if row["spoiled"]
+                                                                     else ""))
+            cells.append(f"{row.get('step_cost_ratio', float('nan')):.3f}")
         for name in shown:
             s, r, e = row[f"{name}_sim"], row[f"{name}_real"], row[f"{name}_err"]
             digits = 2 if name in ("tau", "budget") else 1
-            cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%)")
+            ci = f" +- {100 * row[f'{name}_ci']:.1f}" if kept and name in TARGET_METRICS else ""
+            cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%{ci})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

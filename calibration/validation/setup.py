@@ -12,6 +12,7 @@ current speed, for the drift column.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +31,6 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.loop_costs import with_loop_costs
 from calibration.profiling.measure import ProfileConfig, batch_grid, measure
 from calibration.profiling.measure_context import ContextAxes
-from calibration.profiling.timing import median_s
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.training.corpora import corpus_prompts
 from policies import make_policy
@@ -74,6 +74,8 @@ class ValidationConfig:
     profile_version: int = 1  # 2: attention over context (measure_context) instead of per-request KV reads
     prompt_limit_tokens: int | None = None  # longest prompt (lengths above are truncated); None: 4 x prompt_tokens
     token_budget: int | None = None  # max_num_batched_tokens of a step (sim and real); chunked prefill needs one
+    clock: str = "cpu"  # the real loop's decode clock: "cpu" (thread CPU seconds + sleeps) or "wall"
+    drift_tolerance: float = 0.05  # a slice whose reference probe is further than this from profiling's is refused
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
@@ -97,6 +99,10 @@ class ValidationConfig:
         if self.token_budget is not None and self.token_budget < max(self.users):
             raise ValueError(f"token_budget ({self.token_budget}) must leave each of max(users) = {max(self.users)} "
                              "decoding requests its one token per step")
+        if self.clock not in ("cpu", "wall"):
+            raise ValueError(f"clock must be 'cpu' or 'wall', got {self.clock!r}")
+        if not self.drift_tolerance > 0:
+            raise ValueError(f"drift_tolerance must be > 0, got {self.drift_tolerance}")
         if self.prompt_limit_tokens is not None and self.prompt_limit_tokens < self.prompt_tokens:
             raise ValueError(f"prompt_limit_tokens ({self.prompt_limit_tokens}) must be >= prompt_tokens "
                              f"({self.prompt_tokens})")
@@ -221,7 +227,8 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     lengths = LengthSpec(cfg.prompt_tokens, cfg.length_sigma, cfg.output_tokens, cfg.length_sigma)
     data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
                            prompt_quantiles(cfg), lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
-                           policies=cfg.policies, max_lengths=(cfg.max_prompt_tokens, cfg.max_output_tokens))
+                           policies=cfg.policies, max_lengths=(cfg.max_prompt_tokens, cfg.max_output_tokens),
+                           clock=cfg.clock)  # type: ignore[arg-type]
     data["metadata"]["model"] = models.description
     return profile_from_dict(data, "<validation profile>")
 
@@ -249,19 +256,26 @@ def median_profile(passes: list[HardwareProfile]) -> HardwareProfile:
     return profile_from_dict(data, "<validation profile>")
 
 
-def speed_reference(cfg: ValidationConfig, models: Models) -> Callable[[], float]:
-    """A fixed probe of this machine's current speed: median seconds of one drafter proposal and one verifier
-    forward (R = 1, gamma draft tokens), 15 times. Other jobs on a shared machine slow it down, through the
-    scheduler and through shared cores and caches, so its ratio between two moments tells how much the
-    machine's speed drifted between them."""
+def speed_reference(cfg: ValidationConfig, models: Models, repeats: int = 30) -> Callable[[], float]:
+    """A fixed probe of this machine's current speed: mean seconds of one drafter proposal and one verifier
+    forward (R = 1, gamma draft tokens) over ``repeats`` runs, on the real loop's clock (thread CPU seconds with
+    ``clock="cpu"``: what is left of the machine's drift once other jobs' time is not booked - shared caches,
+    memory bandwidth, a busy sibling core). The mean, as the loop pays it. Its ratio between two moments tells how
+    much the machine's speed drifted between them."""
     device, gen = torch.device("cpu"), torch.Generator().manual_seed(cfg.seed)
     context = cfg.context_tokens
     draft = draft_call(models.drafter, context, device, gen, 1, cfg.gamma)()
     verify = verify_call(models.verifier, models.verifier, device, gen, 1 + cfg.gamma, [1 + cfg.gamma], context)()
+    timer = time.thread_time if cfg.clock == "cpu" else time.perf_counter
 
     @torch.inference_mode()
     def measure_s() -> float:
-        return median_s(lambda: (draft(), verify()), device, warmup=2, repeats=15)
+        for _ in range(2):
+            draft(), verify()
+        start = timer()
+        for _ in range(repeats):
+            draft(), verify()
+        return (timer() - start) / repeats
     return measure_s
 
 

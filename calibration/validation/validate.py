@@ -57,9 +57,12 @@ from calibration.validation.bench_export import write_benchmark
 from calibration.validation.report import (
     frontier_figure,
     markdown_table,
+    mean_abs_errors,
     mean_context_tokens,
     point_row,
     pooled_summary,
+    refusal_note,
+    slice_intervals,
     worst_errors,
 )
 from calibration.validation.setup import (
@@ -72,6 +75,7 @@ from calibration.validation.setup import (
     simulator_setup,
     speed_reference,
 )
+from calibration.validation.step_prices import step_cost_ratio
 from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
@@ -122,9 +126,29 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         rows, sims = [], {}
         for point in points:
             sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
-            drift = float(np.mean(drifts[point])) / profile_reference_s - 1.0
-            rows.append(point_row(*point, _pooled(sims[point]), _pooled(reals[point]), drift))
+            rows.append(_row(cfg, point, sims[point], reals[point], np.array(drifts[point]) / profile_reference_s - 1,
+                             profile))
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims)
+
+
+def _row(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any], reals: list[Any], drifts: np.ndarray,
+         profile: HardwareProfile) -> dict[str, Any]:
+    """A point's row from the slices the machine's drift did not spoil (``|drift| <= cfg.drift_tolerance``; slice k
+    of the simulator goes with slice k of the real loop). Fewer than half the slices kept: the point is refused
+    (its errors NaN, ``spoiled``)."""
+    kept = [k for k, drift in enumerate(drifts) if abs(drift) <= cfg.drift_tolerance]
+    use = kept if kept else list(range(len(drifts)))
+    row = point_row(*point, _pooled([sims[k] for k in use]), _pooled([reals[k] for k in use]),
+                    float(np.mean(drifts[use])))
+    row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
+               spoiled=2 * len(kept) < len(drifts))
+    row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use]))
+    policy = make_policy(point[0])
+    row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
+                                             policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous)
+    if row["spoiled"]:
+        row.update({key: float("nan") for key in row if key.endswith("_err")})
+    return row
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -189,10 +213,10 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             before_s = reference()
             reals[(name, users)].append(serve(ServingSpec(
                 policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
-                cfg.seed + round_idx, cfg.prefill), serving_models))
+                cfg.seed + round_idx, cfg.prefill, clock=cfg.clock), serving_models))  # type: ignore[arg-type]
             probes[(name, users)].append(0.5 * (before_s + reference()))
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
-    return profile, passes[0], float(np.mean(profile_refs)), reals, probes
+    return profile, passes[0], float(np.median(profile_refs)), reals, probes
 
 
 def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
@@ -282,7 +306,10 @@ def report_text(result: Validation) -> str:
         "",
         markdown_table(result.table),
         "",
-        "worst |relative error|: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items()),
+        "worst |relative error|: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items())
+        + "; mean |relative error|: "
+        + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
+        + refusal_note(result.table, cfg.drift_tolerance),
     ]
     return "\n".join(lines)
 
@@ -335,6 +362,12 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--profile-repeats", type=int, default=d.profile_repeats)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--clock", default=d.clock, choices=["cpu", "wall"],
+                   help="the real loop's decode clock: cpu (its thread's CPU seconds plus sleeps: time other jobs take "
+                        "is not booked) or wall (default: %(default)s)")
+    p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
+                   help="refuse a real slice whose reference probe differs from profiling's by more than this "
+                        "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
