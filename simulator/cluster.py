@@ -117,17 +117,15 @@ class Cluster:
         for t, lo, hi in zip(times, bounds[:-1], bounds[1:], strict=True):
             if t > self.env.now:
                 yield self.env.timeout(t - self.env.now)
-            for rid in ids[lo:hi]:
-                self._hand_over(int(rid))
+            self._hand_over(ids[lo:hi])
 
     def _arrive_new(self, users: np.ndarray) -> None:
         """Closed loop: each user in ``users`` sends a new request now."""
         assert self.sampler is not None
         domain_idx, prompt, output = self.sampler.sample(self.rng_lengths, users.size)
         difficulty = self.acceptance.request_difficulty(self.rng_difficulty, users.size)
-        ids = self.store.add(np.full(users.size, self.env.now), domain_idx, prompt, output, difficulty, users)
-        for rid in ids:
-            self._hand_over(int(rid))
+        ids = self.store.add(self.env.now, domain_idx, prompt, output, difficulty, users)
+        self._hand_over(ids)
 
     def _finished(self, request_ids: np.ndarray) -> None:
         self.num_finished += request_ids.size
@@ -142,12 +140,14 @@ class Cluster:
 
     # ------------------------------------------------------------ prefill and routing
 
-    def _hand_over(self, rid: int) -> None:
-        """A new request: to the prefill pool (disaggregated) or straight to an engine (chunked)."""
+    def _hand_over(self, ids: np.ndarray) -> None:
+        """New requests, in order: to the prefill pool (disaggregated) or straight to an engine (chunked)."""
         if self.spec.cluster.mode == "chunked":
-            self._route(rid).submit(rid)
+            for rid in ids.tolist():
+                self._route(rid).submit(rid)
         else:
-            self.prefill.join(rid, int(self.store.prompt_tokens[rid]), True)
+            for rid, tokens in zip(ids.tolist(), self.store.prompt_tokens[ids].tolist(), strict=True):
+                self.prefill.join(rid, tokens, True)
 
     def _recompute(self, request_ids: np.ndarray, kv_tokens: np.ndarray) -> None:
         """Disaggregated + paged KV: preempted requests recompute ``kv_tokens`` of KV in the prefill pool and go

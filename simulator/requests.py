@@ -39,22 +39,22 @@ class RequestStore:
     def __getattr__(self, name: str) -> np.ndarray:  # only reached for a name that is not a column
         raise AttributeError(name)
 
-    def add(self, arrival_at: np.ndarray, domain_idx: np.ndarray, prompt_tokens: np.ndarray,
+    def add(self, arrival_at: np.ndarray | float, domain_idx: np.ndarray, prompt_tokens: np.ndarray,
             output_tokens: np.ndarray, difficulty: np.ndarray, user: np.ndarray | None = None) -> np.ndarray:
-        """Append requests; returns their ids."""
-        n = arrival_at.shape[0]
-        self._reserve(self.size + n)
-        ids = np.arange(self.size, self.size + n)
+        """Append requests (``arrival_at``: one time each, or one time for all); returns their ids."""
+        n = domain_idx.shape[0]
+        lo, hi = self.size, self.size + n
+        self._reserve(hi)
         cols = self.columns
-        cols["arrival_at"][ids] = arrival_at
-        cols["domain_idx"][ids] = domain_idx
-        cols["prompt_tokens"][ids] = prompt_tokens
-        cols["output_tokens"][ids] = output_tokens
-        cols["difficulty"][ids] = difficulty
+        cols["arrival_at"][lo:hi] = arrival_at
+        cols["domain_idx"][lo:hi] = domain_idx
+        cols["prompt_tokens"][lo:hi] = prompt_tokens
+        cols["output_tokens"][lo:hi] = output_tokens
+        cols["difficulty"][lo:hi] = difficulty
         if user is not None:
-            cols["user"][ids] = user
-        self.size += n
-        return ids
+            cols["user"][lo:hi] = user
+        self.size = hi
+        return np.arange(lo, hi)
 
     def _reserve(self, needed: int) -> None:
         if needed <= self._capacity:

@@ -86,20 +86,18 @@ class RequestSampler:
         self._cdf = self._probs.cumsum()
         self._cdf /= self._cdf[-1]
         lengths = [spec.lengths[DOMAINS[i]] for i in range(len(DOMAINS))]
-        self._prompt_mu = np.log([s.prompt_median_tokens for s in lengths])
-        self._prompt_sigma = np.array([s.prompt_sigma for s in lengths])
-        self._output_mu = np.log([s.output_median_tokens for s in lengths])
-        self._output_sigma = np.array([s.output_sigma for s in lengths])
+        # Row 0 prompts, row 1 outputs; a column per domain (both lengths of a request in one array operation).
+        self._mu = np.log([[s.prompt_median_tokens for s in lengths], [s.output_median_tokens for s in lengths]])
+        self._sigma = np.array([[s.prompt_sigma for s in lengths], [s.output_sigma for s in lengths]])
+        self._max_tokens = np.array([[spec.max_prompt_tokens], [spec.max_output_tokens]], dtype=np.float64)
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # rng.choice(self._probs.size, size=n, p=self._probs) draw for draw, without its per-call checks of p.
         domain = self._domain_idx[self._cdf.searchsorted(rng.random(n), side="right")]
         normals = rng.standard_normal((2, n))
-        prompt = np.ceil(np.exp(self._prompt_mu[domain] + self._prompt_sigma[domain] * normals[0]))
-        output = np.ceil(np.exp(self._output_mu[domain] + self._output_sigma[domain] * normals[1]))
-        prompt = np.minimum(prompt, self.spec.max_prompt_tokens).astype(np.int64)
-        output = np.minimum(output, self.spec.max_output_tokens).astype(np.int64)
-        return domain, prompt, output
+        lengths = np.ceil(np.exp(self._mu[:, domain] + self._sigma[:, domain] * normals))
+        lengths = np.minimum(lengths, self._max_tokens).astype(np.int64)
+        return domain, lengths[0], lengths[1]
 
 
 def arrival_times(rng: np.random.Generator, spec: TrafficSpec, duration_s: float | None) -> np.ndarray:
