@@ -31,6 +31,7 @@ Objective = Literal["tokens_x_sps", "tokens_per_s"]
 # Tables of at most this many survivals are sorted inside the kernels; larger ones by numpy's vectorised sort,
 # which is faster from a few dozen entries on. Either way the sorted values are the same.
 SMALL_TABLE_ENTRIES = 48
+FLOAT64 = np.dtype(np.float64)  # what the kernels take (a dtype compares faster with this than with np.float64)
 
 
 def objective_code(objective: str) -> int:
@@ -228,10 +229,10 @@ def survival_by_position(confidence: np.ndarray) -> np.ndarray:
     left-to-right product as :func:`prefix_survival`, so the values are identical
     (float64 tables go through :func:`policies.kernels.survival_position_major`).
     """
-    confidence = np.asarray(confidence)
-    if confidence.dtype != np.float64 or confidence.ndim != 2:  # keep cumprod's own result type for other inputs
-        return np.ascontiguousarray(np.cumprod(confidence, axis=1).T)
-    return kernels.survival_position_major(confidence)
+    if type(confidence) is np.ndarray and confidence.dtype == FLOAT64 and confidence.ndim == 2:
+        return kernels.survival_position_major(confidence)
+    confidence = np.asarray(confidence)  # keep cumprod's own result type for other inputs
+    return np.ascontiguousarray(np.cumprod(confidence, axis=1).T)
 
 
 def trim_to_budget(lengths: np.ndarray, draft_budget: int | None) -> np.ndarray:
@@ -278,7 +279,7 @@ def descending_survivals(survival: np.ndarray) -> tuple[np.ndarray, bool]:
     Only values are sorted, so the memory layout of ``survival`` does not matter.
     """
     table = survival.T if survival.flags.f_contiguous else survival
-    if table.dtype == np.float64:  # the kernel reads the positive values off the ascending order
+    if table.dtype == FLOAT64:  # the kernel reads the positive values off the ascending order
         if table.size <= SMALL_TABLE_ENTRIES:
             return kernels.descending_positive(table.ravel(), False)
         return kernels.descending_positive(np.sort(table, axis=None), True)
@@ -304,7 +305,7 @@ def top_k_lengths(survival: np.ndarray, k: int, kth: float | None = None) -> np.
     if k <= 0:
         return np.zeros(num_requests, dtype=np.int64)
     by_position = survival.T  # [gamma, R]: position-major, the tie-break order (a view when built that way)
-    if by_position.dtype == np.float64:
+    if by_position.dtype == FLOAT64:
         lengths = _top_k_compiled(by_position, k, kth)
         if lengths is not None:
             return lengths
@@ -343,7 +344,7 @@ def _top_k_compiled(by_position: np.ndarray, k: int, kth: float | None) -> np.nd
 def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,
                     objective: Objective = "tokens_x_sps") -> np.ndarray:
     """Theta after admitting 0, 1, ..., n entries of a sorted path -> [n + 1]."""
-    if isinstance(num_requests, (int, np.integer)) and survivals.dtype == np.float64 and survivals.ndim == 1:
+    if survivals.dtype == FLOAT64 and survivals.ndim == 1 and isinstance(num_requests, (int, np.integer)):
         sps = cost.sps_run(int(num_requests), survivals.size + 1)
         return kernels.path_throughput(survivals, float(num_requests), sps, objective_code(objective),
                                        float(cost.draft_s))

@@ -9,6 +9,7 @@ import numpy as np
 
 from policies import kernels
 from policies.base import (
+    FLOAT64,
     SMALL_TABLE_ENTRIES,
     CostCurve,
     Decision,
@@ -43,13 +44,14 @@ def best_prefix_count(theta: np.ndarray) -> int:
 
 def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective, limit: int | None = None) -> int:
     """Draft-token capacity K that a full search over ``pool`` would admit (at most ``limit``: a token budget)."""
-    table = pool.T if pool.flags.f_contiguous else pool  # only values matter: read them in memory order
-    if table.dtype == np.float64 and table.ndim == 2 and (limit is None or limit >= 0):
-        num_old = pool.shape[0]
-        entries = table.size if limit is None else min(table.size, limit)
-        small = table.size <= SMALL_TABLE_ENTRIES  # sorted by the kernel, else by numpy
-        count = kernels.best_prefix_on_path(table.ravel() if small else np.sort(table, axis=None), not small,
-                                            float(num_old), cost.sps_within(num_old, entries + 1),
+    if pool.dtype == FLOAT64 and pool.ndim == 2 and (limit is None or limit >= 0):
+        num_old, size = pool.shape[0], pool.size
+        entries = size if limit is None or limit > size else limit
+        if size <= SMALL_TABLE_ENTRIES:  # sorted by the kernel (only values matter: any memory order)
+            values, presorted = pool.ravel(order="K"), False
+        else:
+            values, presorted = np.sort(pool.T if pool.flags.f_contiguous else pool, axis=None), True
+        count = kernels.best_prefix_on_path(values, presorted, float(num_old), cost.sps_within(num_old, entries + 1),
                                             objective_code(objective), float(cost.draft_s), entries)
         if count >= 0:
             return count
