@@ -257,11 +257,14 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
         assert (out / name).stat().st_size > 0
     assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
-    # A point run while the machine was measurably slower (or faster) than while it was profiled
-    # (machine_drift: a fixed reference probe timed around the point) gets that much more room.
-    allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
+    # The real loop runs on its thread's CPU clock (time other jobs take is not booked) and a slice whose
+    # reference probe drifted beyond the tolerance is refused; a point left with too few slices is not reported.
+    # A reported point gets room for the drift that remained within the tolerance.
+    reported = table[~table["spoiled"].astype(bool)]
+    assert len(reported) >= len(table) // 2, f"drift spoiled {len(table) - len(reported)} of {len(table)} points"
+    allowed = ERROR_TARGET + NOISE_MARGIN + reported["machine_drift"].abs()
     for metric in ("throughput", "tpu_mean"):
-        err = table[f"{metric}_err"].abs()
+        err = reported[f"{metric}_err"].abs()
         assert (err <= allowed).all(), f"{metric}: errors {err.round(3).tolist()} > {allowed.round(3).tolist()}"
     # tau has no timing noise, only sampling noise: a point holds 40-120 requests whose acceptance differs
     # from request to request (the replay keeps that spread; sim and real share the requests' domains and

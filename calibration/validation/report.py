@@ -105,20 +105,32 @@ def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, 
 
 
 def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, Any]],
-                    level: float = 0.95) -> dict[str, float]:
+                    drifts: np.ndarray | None = None, level: float = 0.95) -> dict[str, float]:
     """The spread of a point's error across its slices: for each bounded metric, the relative error of every slice
-    (simulator slice k against real slice k: same seed, same requests) -> ``<metric>_slice_sd`` (their standard
-    deviation) and ``<metric>_ci`` (half-width of a Student-t ``level`` interval of their mean; NaN with one slice)."""
+    (simulator slice k against real slice k: same seed, same requests; the real figure times ``1 + drifts[k]``
+    when given) -> ``<metric>_slice_sd`` (their standard deviation) and ``<metric>_ci`` (half-width of a Student-t
+    ``level`` interval of their mean; NaN with one slice)."""
     out: dict[str, float] = {}
+    scale = np.ones(len(reals)) if drifts is None else 1 + np.asarray(drifts)
     for name in TARGET_METRICS:
         path = METRICS[name][1]
-        errors = np.array([(_read(s, path) - _read(r, path)) / _read(r, path)
-                           for s, r in zip(sims, reals, strict=True)])
+        errors = np.array([_read(s, path) / (_read(r, path) * f) - 1
+                           for s, r, f in zip(sims, reals, scale, strict=True)])
         n = errors.size
         sd = float(np.std(errors, ddof=1)) if n > 1 else float("nan")
         out[f"{name}_slice_sd"] = sd
         out[f"{name}_ci"] = float(stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n)) if n > 1 else float("nan")
     return out
+
+
+def slice_records(point: tuple[str, int], drifts: np.ndarray, tolerance: float, sims: Sequence[Any],
+                  reals: Sequence[Any]) -> list[dict[str, Any]]:
+    """One record per slice of a point: its machine drift, whether it was kept, sim and real throughput."""
+    return [{"policy": point[0], "num_users": point[1], "slice": k, "machine_drift": float(d),
+             "kept": bool(abs(d) <= tolerance), "cpu_fraction": real.summary.get("cpu_fraction", np.nan),
+             **{f"{m}_{side}": part.summary[m] for m in ("output_tokens_per_s", "num_requests_finished")
+                for side, part in (("sim", sim), ("real", real))}}
+            for k, (d, sim, real) in enumerate(zip(drifts, sims, reals, strict=True))]
 
 
 def worst_errors(table: pd.DataFrame) -> dict[str, float]:

@@ -75,7 +75,7 @@ class ValidationConfig:
     prompt_limit_tokens: int | None = None  # longest prompt (lengths above are truncated); None: 4 x prompt_tokens
     token_budget: int | None = None  # max_num_batched_tokens of a step (sim and real); chunked prefill needs one
     clock: str = "cpu"  # the real loop's decode clock: "cpu" (thread CPU seconds + sleeps) or "wall"
-    drift_tolerance: float = 0.05  # a slice whose reference probe is further than this from profiling's is refused
+    drift_tolerance: float = 0.10  # a slice whose reference probe is further than this from profiling's is refused
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:

@@ -24,12 +24,9 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    budget side by side with the relative error ``(sim - real) / real``, and draw
    both frontiers (throughput against mean tok/s/user over the concurrency sweep).
 
-The pieces are built in :mod:`calibration.validation.setup`; the tables and the
-figure come from :mod:`calibration.validation.report`.
-
-Closed-loop traffic (``--users`` users, no think time) with short lognormal
-lengths. Torch runs on ``--threads`` CPU threads (1 by default: stable timings on
-shared machines). Results are measured wall-clock numbers and vary run to run.
+Pieces: :mod:`calibration.validation.setup`; tables and figure: :mod:`calibration.validation.report`.
+Closed-loop traffic (``--users`` users, no think time), short lognormal lengths, torch on ``--threads`` CPU
+threads (1 by default). Results are measured timings (``--clock``) and vary run to run.
 """
 
 from __future__ import annotations
@@ -54,15 +51,13 @@ from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.specdec import ContextCost
 from calibration.validation.bench_export import write_benchmark
+from calibration.validation.points import point_result
 from calibration.validation.report import (
     frontier_figure,
     markdown_table,
     mean_abs_errors,
-    mean_context_tokens,
-    point_row,
-    pooled_summary,
     refusal_note,
-    slice_intervals,
+    slice_records,
     worst_errors,
 )
 from calibration.validation.setup import (
@@ -75,7 +70,6 @@ from calibration.validation.setup import (
     simulator_setup,
     speed_reference,
 )
-from calibration.validation.step_prices import step_cost_ratio
 from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
@@ -100,6 +94,7 @@ class Validation:
     models: str
     real: dict[tuple[str, int], list[Any]]  # (policy, users) -> ServingResults of its slices
     sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
+    slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -123,32 +118,14 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress,
                                                                         check)
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
-        rows, sims = [], {}
+        rows, sims, slice_rows = [], {}, []
         for point in points:
             sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
-            rows.append(_row(cfg, point, sims[point], reals[point], np.array(drifts[point]) / profile_reference_s - 1,
-                             profile))
-    return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims)
-
-
-def _row(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any], reals: list[Any], drifts: np.ndarray,
-         profile: HardwareProfile) -> dict[str, Any]:
-    """A point's row from the slices the machine's drift did not spoil (``|drift| <= cfg.drift_tolerance``; slice k
-    of the simulator goes with slice k of the real loop). Fewer than half the slices kept: the point is refused
-    (its errors NaN, ``spoiled``)."""
-    kept = [k for k, drift in enumerate(drifts) if abs(drift) <= cfg.drift_tolerance]
-    use = kept if kept else list(range(len(drifts)))
-    row = point_row(*point, _pooled([sims[k] for k in use]), _pooled([reals[k] for k in use]),
-                    float(np.mean(drifts[use])))
-    row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
-               spoiled=2 * len(kept) < len(drifts))
-    row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use]))
-    policy = make_policy(point[0])
-    row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
-                                             policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous)
-    if row["spoiled"]:
-        row.update({key: float("nan") for key in row if key.endswith("_err")})
-    return row
+            drift = np.array(drifts[point]) / profile_reference_s - 1
+            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile))
+            slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
+    return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
+                      pd.DataFrame(slice_rows))
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -227,12 +204,6 @@ def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostS
     return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
 
 
-def _pooled(slices: list[Any]) -> dict[str, Any]:
-    summary = dict(slices[0].summary) if len(slices) == 1 else pooled_summary(slices)
-    summary["mean_context_tokens"] = mean_context_tokens(slices)
-    return summary
-
-
 def _simulate(cfg: ValidationConfig, point: tuple[str, int],
               setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int):
     return simulate(_simulation_spec(cfg, point, setups, round_idx))
@@ -265,6 +236,7 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
     for num_draft, log in result.logs.items():
         paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
+    result.slices.to_csv(out / "slices.csv", index=False)
     paths["report"].write_text(report_text(result) + "\n")
     fig = frontier_figure(result.table, f"{result.models}\nsolid: real loop, dashed: simulator "
                                         f"({result.profile.source} profile of this machine)")
