@@ -18,7 +18,7 @@ from simulator.acceptance.parametric import AcceptanceModel
 from simulator.decode_set import DecodeSet
 
 MAX_AHEAD_STEPS = 32
-MAX_AHEAD_VALUES = 8192  # draft tokens (steps x requests x g) sampled in one call at most
+MAX_AHEAD_VALUES = 16384  # draft tokens (steps x requests x g) sampled in one call at most
 FIRST_AHEAD_VALUES = 256  # a new batch samples this many draft tokens' worth of steps first (at most 8 steps)
 
 
