@@ -1,0 +1,77 @@
+"""Pure pieces of the sim-vs-real validation (issue 15): the spread of a point's error over its slices, the real
+loop's steps priced by a profile, the loop probe's variable-length policy, and the loop's CPU clock."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from calibration.profiling.loop_costs import VariableLength
+from calibration.serving.loop import _Clock
+from calibration.validation.report import slice_intervals
+from calibration.validation.step_prices import priced_steps_s, step_cost_ratio
+from policies.base import CostCurve, StepView
+from simulator.costs import load_profile
+
+
+def _summary(tokens_per_s: float, per_user: float) -> dict:
+    return {"output_tokens_per_s": tokens_per_s, "tokens_per_s_per_user": {"mean": per_user}}
+
+
+def test_slice_intervals_are_student_t_over_the_slices_errors() -> None:
+    reals = [_summary(100.0, 10.0), _summary(200.0, 20.0), _summary(400.0, 40.0)]
+    sims = [_summary(110.0, 10.0), _summary(190.0, 22.0), _summary(420.0, 40.0)]
+    out = slice_intervals(sims, reals)
+    errors = np.array([0.10, -0.05, 0.05])
+    sd = errors.std(ddof=1)
+    assert out["throughput_slice_sd"] == pytest.approx(sd)
+    assert out["throughput_ci"] == pytest.approx(stats.t.ppf(0.975, 2) * sd / np.sqrt(3))
+    # a drift of +10% on the first slice: its real figure is scaled to the profile's speed before the error
+    drifted = slice_intervals(sims, reals, np.array([0.1, 0.0, 0.0]))
+    assert drifted["throughput_slice_sd"] == pytest.approx(np.array([0.0, -0.05, 0.05]).std(ddof=1))
+    assert np.isnan(slice_intervals(sims[:1], reals[:1])["throughput_ci"])
+
+
+def _steps(profile, cycles_factor: float) -> pd.DataFrame:
+    rows = pd.DataFrame({"num_requests": [1, 2, 4, 4], "batch_tokens": [8, 6, 20, 12],
+                         "max_verified_tokens": [7, 3, 7, 2], "context_tokens": [40, 90, 200, 210],
+                         "max_context_tokens": [40, 50, 60, 60], "wait_s": [0.0, 0.0, 0.002, 0.0]})
+    priced = priced_steps_s(rows, profile, "dspark", "greedy", 7, synchronous=True)
+    start = 1.0 + np.concatenate([[0.0], np.cumsum(priced[1:] * cycles_factor + rows["wait_s"].to_numpy()[1:])])
+    return rows.assign(start_at=start, end_at=start)  # zero-length steps: the cycle is what counts
+
+
+def test_step_cost_ratio_is_measured_over_priced_cycles() -> None:
+    profile = load_profile("h200_qwen3-8b_analytic")
+    steps = _steps(profile, 1.1)
+    # the first step has no previous end and is left out; the sleep before the third is not step time
+    assert step_cost_ratio([steps], profile, "dspark", "greedy", 7, warmup_s=0.0, synchronous=True) == \
+        pytest.approx(1.1)
+    padded = priced_steps_s(steps.assign(max_verified_tokens=7), profile, "dspark", "greedy", 7, synchronous=True)
+    assert (padded >= priced_steps_s(steps, profile, "dspark", "greedy", 7, synchronous=True)).all()
+
+
+def test_variable_length_probe_varies_lengths_within_gamma() -> None:
+    rng = np.random.default_rng(0)
+    curve = CostCurve(batch_tokens=np.arange(1, 65), steps_per_s=np.full(64, 100.0))
+    lengths = np.concatenate([VariableLength().decide(StepView(rng.uniform(0.05, 1.0, (8, 7)), curve)).lengths
+                              for _ in range(50)])
+    assert lengths.min() >= 0 and lengths.max() <= 7
+    assert set(np.unique(lengths)) == set(range(8))  # every length 0..gamma occurs
+    view = StepView(rng.uniform(0.05, 1.0, (4, 7)), curve)
+    assert (VariableLength().decide(view).lengths == VariableLength().decide(view).lengths).all()
+
+
+def test_cpu_clock_counts_sleeps_once_and_not_other_time() -> None:
+    clock = _Clock("cpu")
+    at = clock.now() + 0.05
+    clock.wait_until(at)
+    assert at <= clock.now() < at + 0.01  # the sleep counts as asked, however long the thread was away
+    wall = _Clock("wall")
+    before = wall.now()
+    time.sleep(0.02)
+    assert wall.now() - before >= 0.02
