@@ -1,8 +1,7 @@
-"""A real serving loop: continuous batching of real speculative decoding on the torch models, on a wall clock.
+"""A real serving loop: continuous batching of real speculative decoding on the torch models.
 
-This loop is the ground truth the simulator is validated against, so it implements
-admission, finishing and the length histograms itself (the rules below are the
-simulator's, the code is not): see :mod:`calibration.serving` for what it shares.
+The ground truth the simulator is validated against, so it implements admission, finishing and the length
+histograms itself (the rules are the simulator's, the code is not): :mod:`calibration.serving` says what it shares.
 
 ``serve(spec, models)`` feeds the verifier and drafter of ``models`` with the
 simulator's traffic (closed loop: ``num_users`` users; open loop: a workload's
