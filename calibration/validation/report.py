@@ -158,6 +158,10 @@ def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
     return text
 
 
+def _or_dash(value: float, digits: int) -> str:
+    return "-" if np.isnan(value) else f"{value:.{digits}f}"
+
+
 def markdown_table(table: pd.DataFrame) -> str:
     """Sim | real | error for every metric, one row per point."""
     shown = [m for m in METRICS if table[f"{m}_sim"].notna().any() or table[f"{m}_real"].notna().any()]
@@ -176,7 +180,10 @@ def markdown_table(table: pd.DataFrame) -> str:
             s, r, e = row[f"{name}_sim"], row[f"{name}_real"], row[f"{name}_err"]
             digits = 2 if name in ("tau", "budget") else 1
             ci = f" +- {100 * row[f'{name}_ci']:.1f}" if kept and name in TARGET_METRICS else ""
-            cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%{ci})")
+            if np.isnan(s) or np.isnan(r):  # one side does not record it (a v1 profile prices no context)
+                cells.append(f"{_or_dash(s, digits)} / {_or_dash(r, digits)} (-)")
+            else:
+                cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%{ci})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
