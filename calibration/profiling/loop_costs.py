@@ -38,7 +38,8 @@ isolated tables stay in ``metadata.forward_only``.
 over (R, gamma) and fits the profile's ``scheduler`` fields
 (``fixed_s + per_candidate_s * R * gamma``). :func:`measure_prefill` times the
 loop's prefill (verifier forward, the drafter's context, the first token).
-:func:`with_loop_costs` does all of it for a profile dictionary.
+:func:`with_loop_costs` does all of it for a profile dictionary, and prices each validated dynamic policy by
+its own steps in the loop (:mod:`calibration.profiling.policy_steps`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -58,8 +58,8 @@ import torch
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
 from calibration.profiling.calls import draft_call, verify_call
-from calibration.profiling.timing import run_times_s
-from calibration.serving.batch import LiveBatch
+from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
+from calibration.profiling.policy_steps import PROBE_SEED_OFFSET, measure_policy_steps
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST, ContextCost
@@ -298,16 +298,35 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     out = costs.fold(isolated)
     meta = out["metadata"]
     meta["forward_only"]["verifier_prefill"] = profile["prefill"]
-    out["scheduler"] = {**default, "inline": True, "policies": by_policy}
-    meta["scheduler_source"] = ("measured on this host: a decision's marginal cost between a drafter pass and a "
-                                "verifier forward, fixed + per candidate fit, minus mtp's (already in the loop "
-                                "costs); greedy's as the default, each policy under 'policies'; inline: the "
-                                "serving loop decides on the critical path")
+    # Each validated dynamic policy's own steps in the loop, priced by the shared model (no decision): their
+    # excess replaces the isolated decision timing in that policy's entry (the isolated fit stays as the default).
+    on_point("serving-loop steps of " + ", ".join(policies))
+    shared = profile_from_dict({**out, "scheduler": {"fixed_s": 0.0, "per_candidate_s": 0.0}})
+    longest = max_lengths or (int(np.ceil(4 * lengths.prompt_median_tokens)),
+                              int(np.ceil(4 * lengths.output_median_tokens)))
+    excess = measure_policy_steps(model, drafter, gamma, probe_requests, shared,
+                                  tuple(p for p in policies if make_policy(p).name != "mtp"), lengths, longest, seed,
+                                  clock=clock)
+    meta["isolated_decisions"] = by_policy
+    meta["policy_steps"] = {name: {k: list(v) if isinstance(v, tuple) else v for k, v in vars(fit).items()}
+                            for name, fit in excess.items()}
+    out["scheduler"] = {**default, "inline": True, "policies": {**by_policy, **{n: f.entry()
+                                                                               for n, f in excess.items()}}}
+    meta["scheduler_source"] = SCHEDULER_SOURCE
     meta["timing"] += "; serving-loop costs folded in (metadata.loop_costs)"
     meta["prefill_definition"] = ("serving-loop prefill (calibration.serving_batch): verifier forward over the "
                                   "prompt, the drafter's context and the first token")
     meta["loop_probe_lengths"] = vars(lengths)
     return out
+
+
+SCHEDULER_SOURCE = (
+    "measured on this host. Policies the loop probe ran (scheduler.policies.<name> of each validated dynamic "
+    "policy): the mean excess of its own steps in the serving loop over the shared step model (fixed + per "
+    f"candidate fit; metadata.policy_steps), from probe runs separate from the validated runs (random prompts, "
+    f"seed + {PROBE_SEED_OFFSET}); the isolated decision timings in metadata.isolated_decisions. Default and "
+    "other policies: a decision's marginal cost between a drafter pass and a verifier forward, minus mtp's "
+    "(already in the loop costs); mtp: 0. inline: the serving loop decides on the critical path")
 
 
 def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
@@ -360,34 +379,3 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
 @torch.inference_mode()
 def _no_grad(run: Callable[[], object]) -> object:
     return run()
-
-
-def measure_prefill(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, ...],
-                    rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> tuple[float, float]:
-    """(fixed_s, tokens_per_s) of :meth:`LiveBatch.prefill`, fitted to the medians at two or more prompt lengths.
-
-    With two lengths n1 < n2 the line through both; with more, least squares. Prefill is convex in the prompt
-    (attention is quadratic), so a line can cross 0 below the shortest length: then fixed_s is 0 and the rate the
-    one that keeps the mean time over the lengths (queues in front of a prefill instance feel the mean service
-    time). Pass lengths drawn like the traffic's prompts (e.g. its quantiles) for a fit where they are.
-    """
-    lengths = sorted(set(prompt_tokens))
-    if len(lengths) < 2 or lengths[0] < 1:
-        raise ValueError(f"measure_prefill needs two or more prompt lengths >= 1, got {prompt_tokens}")
-    n = np.array(lengths, dtype=float)
-    t = prefill_medians_s(verifier, drafter, gamma, tuple(lengths), rng, warmup, repeats)
-    slope, intercept = np.polyfit(n, t, 1)
-    if slope <= 0 or intercept < 0:  # noise, or a convex curve: no fixed cost, the mean time kept
-        return 0.0, float(n.mean() / t.mean())
-    return float(intercept), float(1.0 / slope)
-
-
-def prefill_medians_s(verifier: Verifier, drafter: Drafter, gamma: int, prompt_tokens: tuple[int, ...],
-                      rng: np.random.Generator, warmup: int = 2, repeats: int = 7) -> np.ndarray:
-    """Median seconds of :meth:`LiveBatch.prefill` (verifier forward, the drafter's context, the first token) at
-    each of ``prompt_tokens`` (>= 1), a new random prompt each run."""
-    batch = LiveBatch(verifier, drafter, make_policy("mtp1"), FLAT_COST, gamma, 1, max(prompt_tokens) + 1)
-
-    def prefill_of(n: int) -> Callable[[], object]:  # a new prompt each run, drawn outside the timed call
-        return partial(batch.prefill, rng.integers(0, verifier.s.vocab_size, size=n).tolist(), rng)
-    return np.array([statistics.median(run_times_s(partial(prefill_of, k), warmup, repeats)) for k in prompt_tokens])

@@ -1,0 +1,136 @@
+"""What a dynamic policy's step costs in the serving loop beyond the profile's shared step model.
+
+:func:`calibration.profiling.loop_costs.measure_loop_costs` fits one loop residual
+for every policy, from static probes (mtp) and a stand-in variable-length policy
+that decides nothing. A dynamic policy's step also spends time on its own work in
+the loop around the drafter and the forward: building its view from the drafter's
+confidences and its memory, its decision and the state update, and the shapes its
+lengths give the verifier's index tensors and the rejection sampling. Timing the
+decision alone between a drafter pass and a forward
+(:func:`~calibration.profiling.loop_costs.measure_scheduler`) misses part of it.
+
+:func:`measure_policy_steps` runs the serving loop itself with each policy to be
+priced, the policy pricing its steps with the profile being built (as the validated
+runs do), at each probed R, and prices every one of its full-batch steps with that
+profile's shared model (drafter, verifier forward with query padding, per-request
+work, attention at the step's contexts; no decision). The step cycle minus that
+price is the policy's in-loop excess, fitted as ``fixed_s + per_candidate_s * R *
+g`` (g: the policy's draft length) by least squares over every step - means, as the
+rest of the loop fit: throughput is tokens over the sum of step times. Those two
+figures are what the simulator charges per step of that policy
+(``scheduler.policies.<name>``, with ``scheduler.inline``), so that they replace
+the isolated decision timing.
+
+The probe's requests are its own: random prompts (not the validation's domain
+prompts) and a seed offset from the validated runs' seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pandas as pd
+
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving.spec import ClockKind
+from calibration.serving.specdec import ContextCost
+from calibration.validation.step_prices import priced_steps_s
+from policies import make_policy
+from policies.driver import CostSource
+from simulator.costs import HardwareProfile
+from simulator.specs import EngineLimits
+from traces.synthetic import LengthSpec, TrafficSpec
+
+PROBE_SEED_OFFSET = 7919  # the policy probe's seed: the profile's seed + this, apart from the validated runs' seeds
+
+
+@dataclass(frozen=True)
+class PolicyExcess:
+    """A policy's in-loop step time beyond the shared model's price: ``fixed_s + per_candidate_s * R * g``."""
+
+    fixed_s: float
+    per_candidate_s: float
+    mean_excess_s: tuple[float, ...]  # [NR] mean excess per step at each probed R (for reports)
+    mean_priced_s: tuple[float, ...]  # [NR] mean shared-model price of a step at each probed R
+    num_steps: int
+
+    def entry(self) -> dict[str, float]:
+        """The profile's ``scheduler.policies.<name>`` entry."""
+        return {"fixed_s": self.fixed_s, "per_candidate_s": self.per_candidate_s}
+
+
+def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
+    """The step cost the policy prices with: the profile's, with the requests' contexts when it prices context."""
+    if profile.uses_context(drafter):
+        return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
+    return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
+
+
+def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, name: str, gamma: int, users: int,
+                 traffic: TrafficSpec, duration_s: float, warmup_s: float, seed: int,
+                 clock: ClockKind) -> pd.DataFrame:
+    """The full-batch decode steps after warmup of one loop run of ``name`` at ``users``, with their cycles."""
+    policy = make_policy(name)
+    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size),
+                           _pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
+    spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
+                       warmup_s=warmup_s, seed=seed, clock=clock)
+    steps = serve(spec, models).steps
+    cycle_s = steps["end_at"].diff() - steps["wait_s"]  # less any sleep for a prefill (idle, not step cost)
+    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] == users) & cycle_s.notna()
+    return steps.assign(cycle_s=cycle_s)[keep]
+
+
+def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
+                         profile: HardwareProfile, policies: tuple[str, ...], lengths: LengthSpec,
+                         max_lengths: tuple[int, int], seed: int = 0, duration_s: float = 0.8,
+                         warmup_s: float = 0.2, clock: ClockKind = "wall") -> dict[str, PolicyExcess]:
+    """:class:`PolicyExcess` of each policy in ``policies`` (that drafts) against ``profile``, whose decision
+    entries must be zero or off (they are what is measured here), at each R of ``num_requests`` that fits."""
+    if profile.charges_decision(False) and (profile.scheduler_fixed_s or profile.scheduler_per_candidate_s):
+        raise ValueError("measure_policy_steps prices steps without a decision: pass a profile whose scheduler "
+                         "is not inline or costs 0")
+    probed = tuple(r for r in num_requests if r * (1 + gamma) <= profile.max_batch_tokens)
+    traffic_of = partial(TrafficSpec, arrival="closed", max_prompt_tokens=max_lengths[0],
+                         max_output_tokens=max_lengths[1], lengths={d: lengths for d in ("math", "code", "chat")})
+    out = {}
+    for name in policies:
+        policy = make_policy(name)
+        g = policy.draft_tokens(gamma)
+        if g == 0 or policy.name in out:
+            continue
+        frames = []
+        for r in probed:
+            ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
+            steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
+                                 duration_s + ramp_s, warmup_s + ramp_s, seed + PROBE_SEED_OFFSET, clock)
+            if steps.empty:
+                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users; lengthen it "
+                                 "(duration_s)")
+            priced = priced_steps_s(steps, profile, drafter.kind, name, g)
+            frames.append(steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=r))
+        out[policy.name] = fit_excess(pd.concat(frames, ignore_index=True), g)
+    return out
+
+
+def fit_excess(steps: pd.DataFrame, draft_tokens: int) -> PolicyExcess:
+    """``excess_s = fixed_s + per_candidate_s * R * draft_tokens`` by least squares over ``steps`` (columns users,
+    num_requests, excess_s, priced_s). A negative slope is noise: then the mean excess, no slope; a negative
+    intercept with a positive slope: no intercept, the slope that keeps the mean. A policy whose steps cost less
+    than the shared model in the mean gets 0 (the simulator's decision time cannot be negative; the raw means
+    stay in ``mean_excess_s``)."""
+    candidates = steps["num_requests"].to_numpy(float) * draft_tokens
+    excess = steps["excess_s"].to_numpy(float)
+    design = np.column_stack((np.ones(len(steps)), candidates))
+    fixed_s, per_candidate_s = np.linalg.lstsq(design, excess, rcond=None)[0]
+    if per_candidate_s < 0 or np.ptp(candidates) == 0:
+        fixed_s, per_candidate_s = excess.mean(), 0.0
+    elif fixed_s < 0:
+        fixed_s, per_candidate_s = 0.0, max(excess.mean(), 0.0) / candidates.mean()
+    by_r = steps.groupby("users")[["excess_s", "priced_s"]].mean()
+    return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, by_r["excess_s"])),
+                        tuple(map(float, by_r["priced_s"])), len(steps))
