@@ -230,7 +230,9 @@ def survival_by_position(confidence: np.ndarray) -> np.ndarray:
     (float64 tables go through :func:`policies.kernels.survival_position_major`).
     """
     if type(confidence) is np.ndarray and confidence.dtype == FLOAT64 and confidence.ndim == 2:
-        return kernels.survival_position_major(confidence)
+        by_position = np.empty((confidence.shape[1], confidence.shape[0]))
+        kernels.survival_position_major(confidence, by_position)
+        return by_position
     confidence = np.asarray(confidence)  # keep cumprod's own result type for other inputs
     return np.ascontiguousarray(np.cumprod(confidence, axis=1).T)
 
@@ -337,8 +339,8 @@ def _top_k_compiled(by_position: np.ndarray, k: int, kth: float | None) -> np.nd
     elif kth is None:
         select = size <= SMALL_TABLE_ENTRIES  # the kernel finds it; numpy's partition is faster on large tables
         kth = 0.0 if select else np.partition(by_position, size - k, axis=None)[size - k]
-    complete, lengths = kernels.lengths_from_kth(by_position, k, kth, select)
-    return lengths if complete else None
+    lengths = np.zeros(by_position.shape[1], dtype=np.int64)
+    return lengths if kernels.lengths_from_kth(by_position, k, kth, select, lengths) else None
 
 
 def path_throughput(cost: CostCurve, num_requests: int, survivals: np.ndarray,

@@ -35,8 +35,14 @@ def cost_for(cost: CostSource, num_requests: int) -> CostCurve:
     return curve
 
 
+_FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)  # compared with a dtype object (faster than a type)
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
-    copy = np.array(array, dtype=np.float64)
+    if type(array) is np.ndarray and array.dtype == _FLOAT64:
+        copy = array.copy(order="K")  # what np.array(array) makes, without its dtype resolution
+    else:
+        copy = np.array(array, dtype=np.float64)
     copy.setflags(write=False)
     return copy
 
@@ -86,7 +92,7 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
     lengths = np.asarray(decision.lengths)
     if lengths.shape != (num_requests,):
         raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
-    if lengths.dtype == np.int64:  # one compiled pass (every policy returns int64)
+    if lengths.dtype == _INT64:  # one compiled pass (every policy returns int64)
         low, high, total = kernels.length_summary(lengths)
         out_of_range = low < 0 or high > num_draft
     else:
@@ -98,7 +104,7 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
     if token_budget is not None and num_requests + total > token_budget:
         raise ValueError(f"policy {policy.name!r}: {num_requests} requests verifying {total} draft "
                          f"tokens exceed the token budget of {token_budget} batch tokens")
-    return lengths.astype(np.int64)
+    return lengths.astype(_INT64, copy=False)  # int64 lengths as they are (nobody writes to them)
 
 
 def active_requests(step: int, num_output_tokens: Sequence[int], join_steps: Sequence[int],

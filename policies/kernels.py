@@ -4,6 +4,8 @@ Each kernel computes exactly what its numpy formulation in :mod:`policies.base` 
 operations on the same values in the same order - so decisions are identical, ties and NaN included
 (tests/test_decision_speed_equivalence.py compares them entry by entry). They exist because a decision
 over a few hundred survivals is dominated by the fixed cost of many small numpy calls, not by arithmetic.
+Kernels fill arrays the caller allocates rather than return new ones (boxing a new array costs a kernel
+call about a microsecond, more than a small table's arithmetic).
 
 * :func:`survival_position_major` - prefix survivals ``a[r, j] = a[r, j - 1] * c[r, j]`` laid out [gamma, R].
 * :func:`descending_positive` - the positive, non-NaN values of a table in descending order (the sorted
@@ -30,16 +32,14 @@ TOKENS_PER_S = 1
 
 
 @numba.njit(cache=True)
-def survival_position_major(confidence):  # [R, gamma] float64 -> [gamma, R]
-    """a[r, j] = prod_{i <= j} c[r, i], multiplied left to right, laid out position-major."""
+def survival_position_major(confidence, by_position):  # [R, gamma] float64 -> fills [gamma, R]
+    """a[r, j] = prod_{i <= j} c[r, i], multiplied left to right, laid out position-major into ``by_position``."""
     num_requests, gamma = confidence.shape
-    by_position = np.empty((gamma, num_requests))
     for r in range(num_requests):
         running = 1.0
         for j in range(gamma):
             running = running * confidence[r, j] if j else confidence[r, j]
             by_position[j, r] = running
-    return by_position
 
 
 @numba.njit(cache=True)
@@ -125,46 +125,47 @@ def early_stop_count(theta):  # [n + 1] -> int
 
 
 @numba.njit(cache=True)
-def lengths_from_kth(by_position, k, kth, select):  # [gamma, R] -> (bool, [R] int64)
-    """Top-k lengths (k >= 1) that admit every entry >= ``kth`` (the k-th largest) when it is positive and
-    exactly k entries are >= kth, or every positive entry when there are at most k; ``(False, ...)`` when a
-    tie at the k-th value straddles the cut (only the first ties in tie-break order fit: the caller decides).
+def lengths_from_kth(by_position, k, kth, select, lengths):  # [gamma, R] -> bool, fills [R] int64 zeros
+    """Top-k lengths (k >= 1) into ``lengths`` (zeros on entry) that admit every entry >= ``kth`` (the k-th
+    largest) when it is positive and exactly k entries are >= kth, or every positive entry when there are at
+    most k; False when a tie at the k-th value straddles the cut (only the first ties in tie-break order fit:
+    the caller decides).
 
     ``select``: find the k-th largest here (k < R gamma; sorting a copy, for small tables), giving up
     (``False``) on a NaN, whose place in numpy's order the caller keeps.
     """
     gamma, num_requests = by_position.shape
-    lengths = np.zeros(num_requests, dtype=np.int64)
     if select:
         flat = np.empty(gamma * num_requests)
         for j in range(gamma):
             for r in range(num_requests):
                 value = by_position[j, r]
                 if value != value:
-                    return False, lengths
+                    return False
                 flat[j * num_requests + r] = value
         kth = np.sort(flat)[flat.size - k]
     at_or_above = 0
     positive = 0
-    for j in range(gamma):
+    for j in range(gamma):  # counts, and the lengths the bound kth admits (the answer in both common cases)
         for r in range(num_requests):
             value = by_position[j, r]
             if value >= kth:
                 at_or_above += 1
+                if value > 0.0:
+                    lengths[r] += 1
             if value > 0.0:
                 positive += 1
     if kth > 0.0 and at_or_above == k:  # the common case: no tie at the k-th value is left out
-        bound = kth
-    elif positive <= k:  # every positive entry fits
-        bound = 0.0
-    else:
-        return False, lengths
-    for j in range(gamma):
-        for r in range(num_requests):
-            value = by_position[j, r]
-            if value >= bound and value > 0.0:
-                lengths[r] += 1
-    return True, lengths
+        return True
+    if positive > k:
+        return False
+    if not kth <= 0.0:  # every positive entry fits, some below kth (or kth is NaN): count them all
+        lengths[:] = 0
+        for j in range(gamma):
+            for r in range(num_requests):
+                if by_position[j, r] > 0.0:
+                    lengths[r] += 1
+    return True
 
 
 @numba.njit(cache=True)
