@@ -1,5 +1,6 @@
 """Pure pieces of the sim-vs-real validation (issue 15): the spread of a point's error over its slices, the real
-loop's steps priced by a profile, the loop probe's variable-length policy, and the loop's CPU clock."""
+loop's steps priced by a profile, the loop probe's variable-length policy, the fit of a policy's in-loop step
+excess, and the loop's CPU clock."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from scipy import stats
 
 from calibration.profiling.loop_costs import VariableLength
+from calibration.profiling.policy_steps import fit_excess
 from calibration.serving.loop import _Clock
 from calibration.validation.report import slice_intervals
 from calibration.validation.step_prices import priced_steps_s, step_cost_ratio
@@ -64,6 +66,30 @@ def test_variable_length_probe_varies_lengths_within_gamma() -> None:
     assert set(np.unique(lengths)) == set(range(8))  # every length 0..gamma occurs
     view = StepView(rng.uniform(0.05, 1.0, (4, 7)), curve)
     assert (VariableLength().decide(view).lengths == VariableLength().decide(view).lengths).all()
+
+
+def _excess_steps(users: list[int], excess_s: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"users": users, "num_requests": users, "excess_s": excess_s, "priced_s": 1e-3})
+
+
+def test_policy_excess_is_a_mean_fit_over_candidates() -> None:
+    users = [1, 1, 2, 2, 4, 4, 8, 8]
+    noise = [1e-5, -1e-5] * 4  # cancels in each R: the least-squares line is exact
+    fit = fit_excess(_excess_steps(users, [1e-4 + 2e-6 * r * 7 + n for r, n in zip(users, noise, strict=True)]), 7)
+    assert fit.fixed_s == pytest.approx(1e-4) and fit.per_candidate_s == pytest.approx(2e-6)
+    assert fit.mean_excess_s == pytest.approx((1e-4 + 14e-6, 1e-4 + 28e-6, 1e-4 + 56e-6, 1e-4 + 112e-6))
+    assert fit.num_steps == 8 and fit.entry() == {"fixed_s": fit.fixed_s, "per_candidate_s": fit.per_candidate_s}
+    # a falling excess is noise: its mean, no slope; the mean is kept, not the median
+    falling = fit_excess(_excess_steps([1, 2, 2], [3e-4, 1e-4, 2e-4]), 7)
+    assert (falling.fixed_s, falling.per_candidate_s) == (pytest.approx(2e-4), 0.0)
+    skewed = fit_excess(_excess_steps([1, 1, 1], [0.0, 0.0, 3e-4]), 7)
+    assert skewed.fixed_s == pytest.approx(1e-4)
+    # a negative intercept under a rising line: no intercept, the slope that keeps the mean
+    rising = fit_excess(_excess_steps([1, 8], [-1e-4, 6e-4]), 1)
+    assert rising.fixed_s == 0.0 and rising.per_candidate_s * 4.5 == pytest.approx(2.5e-4)
+    # steps cheaper than the shared model in the mean: no decision time (not negative)
+    cheaper = fit_excess(_excess_steps([2, 2], [-2e-4, -1e-4]), 7)
+    assert (cheaper.fixed_s, cheaper.per_candidate_s) == (0.0, 0.0) and cheaper.mean_excess_s[0] < 0
 
 
 def test_cpu_clock_counts_sleeps_once_and_not_other_time() -> None:

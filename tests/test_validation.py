@@ -256,6 +256,14 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
                  "validation.md", "frontier.png"):
         assert (out / name).stat().st_size > 0
     assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
+    # greedy and dspark are priced by their own steps in the loop probe (mtp by the shared model alone)
+    meta = result.profile.metadata
+    assert set(meta["policy_steps"]) == {"greedy", "dspark"} and "separate from the validated runs" in \
+        meta["scheduler_source"]
+    for name, fit in meta["policy_steps"].items():
+        assert result.profile.scheduler_by_policy[name] == (fit["fixed_s"], fit["per_candidate_s"])
+        assert fit["num_steps"] > 0 and len(fit["mean_excess_s"]) == 2
+    assert result.profile.scheduler_by_policy["mtp"] == (0.0, 0.0)
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked) and a slice whose
     # reference probe drifted beyond the tolerance is refused; a point left with too few slices is not reported.
