@@ -262,7 +262,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
         meta["scheduler_source"]
     for name, fit in meta["policy_steps"].items():
         assert result.profile.scheduler_by_policy[name] == (fit["fixed_s"], fit["per_candidate_s"])
-        assert fit["num_steps"] > 0 and len(fit["mean_excess_s"]) == 2
+        assert fit["num_steps"] > 0 and len(fit["mean_excess_s"]) == len(meta["loop_costs"]["num_requests"])
     assert result.profile.scheduler_by_policy["mtp"] == (0.0, 0.0)
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked) and a slice whose
