@@ -251,7 +251,9 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
     ``inline`` and gets an entry per policy in ``policies`` (and greedy, the default): each decision's marginal
     cost between a drafter pass and the verifier forward (:func:`measure_scheduler` with ``between`` and
-    ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0).
+    ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0). A dynamic
+    policy in ``policies`` then gets its own steps' mean excess in the loop over the shared model instead
+    (:func:`calibration.profiling.policy_steps.measure_policy_steps`); the isolated timings stay in metadata.
     """
     gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
     reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
