@@ -13,9 +13,9 @@ from scipy import stats
 
 from calibration.profiling.loop_costs import VariableLength
 from calibration.profiling.policy_steps import fit_excess
+from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.loop import _Clock
 from calibration.validation.report import slice_intervals
-from calibration.validation.step_prices import priced_steps_s, step_cost_ratio
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
 

@@ -35,10 +35,10 @@ import pandas as pd
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
+from calibration.profiling.step_prices import priced_steps_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import ContextCost
-from calibration.validation.step_prices import priced_steps_s
 from policies import make_policy
 from policies.driver import CostSource
 from simulator.costs import HardwareProfile

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.profiling.step_prices import step_cost_ratio
 from calibration.validation.report import (
     TARGET_METRICS,
     mean_context_tokens,
@@ -15,7 +16,6 @@ from calibration.validation.report import (
     slice_intervals,
 )
 from calibration.validation.setup import ValidationConfig
-from calibration.validation.step_prices import step_cost_ratio
 from policies import make_policy
 from simulator.costs import HardwareProfile
 
