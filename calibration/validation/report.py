@@ -180,7 +180,7 @@ def markdown_table(table: pd.DataFrame) -> str:
             s, r, e = row[f"{name}_sim"], row[f"{name}_real"], row[f"{name}_err"]
             digits = 2 if name in ("tau", "budget") else 1
             ci = f" +- {100 * row[f'{name}_ci']:.1f}" if kept and name in TARGET_METRICS else ""
-            if np.isnan(s) or np.isnan(r):  # one side does not record it (a v1 profile prices no context)
+            if np.isnan(s) or np.isnan(r) or np.isnan(e):  # one side lacks it, or drift spoiled the point
                 cells.append(f"{_or_dash(s, digits)} / {_or_dash(r, digits)} (-)")
             else:
                 cells.append(f"{s:.{digits}f} / {r:.{digits}f} ({100 * e:+.1f}%{ci})")
