@@ -14,7 +14,7 @@ from scipy import stats
 from calibration.profiling.loop_costs import VariableLength
 from calibration.profiling.policy_steps import fit_excess
 from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
-from calibration.serving.loop import _Clock
+from calibration.serving.clock import LoopClock
 from calibration.validation.report import slice_intervals
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
@@ -93,11 +93,11 @@ def test_policy_excess_is_a_mean_fit_over_candidates() -> None:
 
 
 def test_cpu_clock_counts_sleeps_once_and_not_other_time() -> None:
-    clock = _Clock("cpu")
+    clock = LoopClock("cpu")
     at = clock.now() + 0.05
     clock.wait_until(at)
     assert at <= clock.now() < at + 0.01  # the sleep counts as asked, however long the thread was away
-    wall = _Clock("wall")
+    wall = LoopClock("wall")
     before = wall.now()
     time.sleep(0.02)
     assert wall.now() - before >= 0.02

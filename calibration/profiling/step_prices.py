@@ -4,57 +4,185 @@ A point's throughput error mixes two things: what a step costs (the profile agai
 the loop's measured step times) and which steps run (batch sizes, verification
 lengths and acceptance, which the simulator reproduces only in distribution).
 :func:`step_cost_ratio` takes the real loop's own steps - their batch sizes,
-verification lengths (the longest one for query padding) and contexts - prices each
-as the simulator's engine would (drafter, inline decision, verifier forward with
-padding and per-request work, attention at the contexts) and compares the sum with
-the measured cycles (end of the previous step to the end of this one, less any sleep
-for a prefill). A ratio above 1: the loop's steps cost more than the profile says, and
-the simulator is optimistic by about that much whatever the acceptance.
+verification lengths (the longest one for query padding), contexts and, in chunked
+runs, their prefill chunks (the chunks table,
+:data:`calibration.serving.spec.CHUNK_COLUMNS`) - prices each as the simulator's
+engine would (drafter, inline decision, verifier forward with padding and per-request
+work, attention at the contexts, chunk attention at the chunks' computed-before
+contexts) and compares the sum with the measured cycles (end of the previous step to
+the end of this one, less any sleep for a prefill). A ratio above 1: the loop's steps
+cost more than the profile says, and the simulator is optimistic by about that much
+whatever the acceptance.
+
+``python -m calibration.profiling.step_prices OUT_DIR`` reads a validation's output
+folder and prints, per policy and users, that ratio over all steps, over the steps
+with prefill chunks and over the others, with the drafter's share (:func:`breakdown`).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from simulator.costs import HardwareProfile
+from policies import make_policy
+from simulator.costs import HardwareProfile, load_profile
+
+PARTS = ("draft_s", "sched_s", "verify_s")  # what price_parts gives each step; their sum is the step's price
+_NO_CHUNKS = (np.zeros(0), np.zeros(0, dtype=np.int64))
+
+
+def _chunks_by_step(steps: pd.DataFrame, chunks: pd.DataFrame | None) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Step label -> (chunk contexts [P], chunk tokens [P]), checked against the steps' prefill columns."""
+    if "prefill_tokens" not in steps:
+        return {}  # a steps table without prefill columns (disaggregated): no step has chunks
+    want = steps["prefill_tokens"].to_numpy(int)
+    if chunks is None:
+        if (want > 0).any():
+            raise ValueError(f"{int((want > 0).sum())} steps have prefill chunks (prefill_tokens > 0) but no chunks "
+                             f"table was given (the run's chunks, columns step, context_tokens, chunk_tokens)")
+        return {}
+    found = {int(step): (group["context_tokens"].to_numpy(float), group["chunk_tokens"].to_numpy(int))
+             for step, group in chunks.groupby("step", sort=False)}
+    for label, tokens, count in zip(steps.index, want, steps["num_prefill_requests"].to_numpy(int), strict=True):
+        sizes = found.get(int(label), _NO_CHUNKS)[1]
+        if int(sizes.sum()) != tokens or sizes.size != count:
+            raise ValueError(f"step {label}: the chunks table has {sizes.size} chunks of {int(sizes.sum())} tokens, "
+                             f"the steps table says {count} of {tokens} (num_prefill_requests, prefill_tokens)")
+    return found
+
+
+def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, policy: str, draft_tokens: int,
+                synchronous: bool = False, chunks: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The profile's drafter, decision and target seconds (:data:`PARTS`) of each step of a real steps table
+    (columns of :data:`calibration.serving.spec.STEP_COLUMNS`, indexed by step number), as
+    :class:`simulator.costs.StepPricer` prices a step of the same requests and chunks:
+
+    * drafter and decision (decoding requests only; none in a step of chunks alone), the drafter read at the
+      batch's mean context, or its longest when the drafter's table pads keys;
+    * the target's forward over decode plus chunk tokens: dense part, query padding to 1 +
+      ``max_verified_tokens``, per-request work of R + chunks, each decoding request's attention with
+      ``batch_tokens / num_requests`` query tokens (the log keeps the sum of the verification lengths, not each
+      one: exact when they are equal) over the mean context, or the longest with key padding, and each chunk's
+      attention over its computed-before context (``chunks``: the run's chunks table, whose ``step`` are labels of
+      ``steps``'s index; needed when a step has prefill tokens).
+    """
+    by_step = _chunks_by_step(steps, chunks)
+    charged = draft_tokens > 0 and profile.charges_decision(synchronous)
+    out = np.zeros((len(steps), len(PARTS)))
+    for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
+            steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
+            steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
+            steps["max_context_tokens"].to_numpy(float), strict=True)):
+        chunk_contexts, chunk_tokens = by_step.get(int(label), _NO_CHUNKS)
+        if r:
+            # a vector with the batch's total and longest context: what the drafter's mean or longest reads
+            contexts = np.append(max_ctx, np.full(r - 1, (ctx - max_ctx) / max(r - 1, 1)))
+            if draft_tokens:
+                out[i, 0] = profile.draft_s(drafter, r, draft_tokens, profile.draft_context(drafter, contexts))
+            out[i, 1] = profile.scheduler_s(r * draft_tokens, policy) if charged else 0.0
+        out[i, 2] = profile.verify_s(r + chunk_tokens.size, b + int(chunk_tokens.sum()),
+                                     r * (1 + longest) - b if r else 0)
+        if profile.attention is not None and r:
+            mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
+            out[i, 2] += profile.attention_s(mean, np.full(r, max(1, round(b / r))))
+        if chunk_tokens.size:
+            out[i, 2] += profile.chunk_attention_s(chunk_contexts, chunk_tokens)
+    return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
 
 
 def priced_steps_s(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, policy: str, draft_tokens: int,
-                   synchronous: bool = False) -> np.ndarray:
-    """Seconds the profile gives each decode step of a real steps table (columns of
-    :data:`calibration.serving.spec.STEP_COLUMNS`), priced as :class:`simulator.costs.StepPricer` prices a step
-    whose every request verified ``num_verified_tokens / num_requests`` tokens on average, the longest
-    ``max_verified_tokens`` (query padding), over the step's contexts (the mean, or the longest with key padding)."""
-    out = np.empty(len(steps))
-    charged = draft_tokens > 0 and profile.charges_decision(synchronous)
-    for i, (r, b, longest, ctx, max_ctx) in enumerate(zip(
-            steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
-            steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
-            steps["max_context_tokens"].to_numpy(float), strict=True)):
-        contexts = np.full(r, ctx / r)
-        draft_s = profile.draft_s(drafter, r, draft_tokens, profile.draft_context(drafter, contexts)) \
-            if draft_tokens else 0.0
-        sched_s = profile.scheduler_s(r * draft_tokens, policy) if charged else 0.0
-        verify_s = profile.verify_s(r, b, r * (1 + longest) - b)
-        if profile.attention is not None:
-            contexts = np.full(r, max_ctx) if profile.key_padding == "longest" else contexts
-            verify_s += profile.attention_s(contexts, np.full(r, max(1, round(b / r))))
-        out[i] = draft_s + sched_s + verify_s
-    return out
+                   synchronous: bool = False, chunks: pd.DataFrame | None = None) -> np.ndarray:
+    """Seconds the profile gives each step of a real steps table (:func:`price_parts`, summed)."""
+    return price_parts(steps, profile, drafter, policy, draft_tokens, synchronous, chunks).sum(axis=1).to_numpy()
+
+
+def priced_cycles(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """The steps after ``warmup_s`` that have a measured cycle (a previous step; decoding requests or prefill
+    chunks), with it as ``cycle_s``: end of the previous step to the end of this one, less the sleep between."""
+    cycle_s = steps["end_at"].diff() - steps["wait_s"]
+    work = steps["num_requests"] > 0
+    if "prefill_tokens" in steps:
+        work |= steps["prefill_tokens"] > 0
+    keep = (steps["start_at"] >= warmup_s) & work & cycle_s.notna()
+    return steps[keep].assign(cycle_s=cycle_s[keep])
 
 
 def step_cost_ratio(slices: Sequence[pd.DataFrame], profile: HardwareProfile, drafter: str, policy: str,
-                    draft_tokens: int, warmup_s: float, synchronous: bool = False) -> float:
-    """Measured over priced seconds of the decode steps after ``warmup_s`` of every slice (NaN without any)."""
+                    draft_tokens: int, warmup_s: float, synchronous: bool = False,
+                    chunks: Sequence[pd.DataFrame] | None = None) -> float:
+    """Measured over priced seconds of the steps after ``warmup_s`` of every slice (NaN without any); ``chunks``:
+    each slice's chunks table (chunked runs)."""
     measured, priced = 0.0, 0.0
-    for steps in slices:
-        cycle_s = steps["end_at"].diff() - steps["wait_s"]
-        keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] > 0) & cycle_s.notna()
-        if not keep.any():
+    for k, steps in enumerate(slices):
+        kept = priced_cycles(steps, warmup_s)
+        if kept.empty:
             continue
-        measured += float(cycle_s[keep].sum())
-        priced += float(priced_steps_s(steps[keep], profile, drafter, policy, draft_tokens, synchronous).sum())
+        measured += float(kept["cycle_s"].sum())
+        priced += float(priced_steps_s(kept, profile, drafter, policy, draft_tokens, synchronous,
+                                       None if chunks is None else chunks[k]).sum())
     return measured / priced if priced else float("nan")
+
+
+def _ratio(real: pd.Series, priced: pd.Series) -> float:
+    return float(real.sum() / priced.sum()) if len(real) and priced.sum() else float("nan")
+
+
+def breakdown(out_dir: Path, drafter: str, gamma: int, warmup_s: float) -> pd.DataFrame:
+    """Per policy and users of a validation output folder (its ``profile.json`` and ``real_<policy>_u<users>_steps``
+    and ``_chunks`` tables): steps priced, steps with chunks (of which chunks alone), mean measured and priced cycle,
+    real / priced over all steps, over the steps with chunks and over the others, and the drafter's measured and
+    priced mean seconds over the steps with decoding requests. The measured drafter time of a step with chunks
+    includes the drafter's context of the chunk tokens, which the profile prices inside the chunk attention."""
+    profile = load_profile(out_dir / "profile.json")
+    rows = []
+    for path in sorted(out_dir.glob("real_*_steps.parquet")):
+        match = re.fullmatch(r"real_(.+)_u(\d+)_steps\.parquet", path.name)
+        if match is None:
+            raise ValueError(f"{path}: expected a name real_<policy>_u<users>_steps.parquet")
+        policy = make_policy(match[1])
+        table = pd.read_parquet(path)
+        chunk_path = path.with_name(path.name.replace("_steps.", "_chunks."))
+        chunk_table = pd.read_parquet(chunk_path) if chunk_path.exists() else None
+        parts = []
+        for k, steps in table.groupby("slice", sort=True):
+            kept = priced_cycles(steps.drop(columns="slice").reset_index(drop=True), warmup_s)
+            chunks = None if chunk_table is None else chunk_table[chunk_table["slice"] == k]
+            priced = price_parts(kept, profile, drafter, policy.name, policy.draft_tokens(gamma),
+                                 policy.synchronous, chunks)
+            parts.append(kept.assign(price_s=priced.sum(axis=1), draft_price_s=priced["draft_s"]))
+        s = pd.concat(parts, ignore_index=True)
+        chunked, decoding = s["prefill_tokens"] > 0, s["num_requests"] > 0
+        rows.append({"policy": match[1], "users": int(match[2]), "steps": len(s),
+                     "chunk_steps": int(chunked.sum()), "chunk_only_steps": int((chunked & ~decoding).sum()),
+                     "real_ms": 1e3 * s["cycle_s"].mean(), "priced_ms": 1e3 * s["price_s"].mean(),
+                     "real/priced": _ratio(s["cycle_s"], s["price_s"]),
+                     "chunk_steps_real/priced": _ratio(s["cycle_s"][chunked], s["price_s"][chunked]),
+                     "other_steps_real/priced": _ratio(s["cycle_s"][~chunked], s["price_s"][~chunked]),
+                     "draft_real_ms": 1e3 * s["draft_s"][decoding].mean(),
+                     "draft_priced_ms": 1e3 * s["draft_price_s"][decoding].mean()})
+    if not rows:
+        raise ValueError(f"{out_dir}: no real_<policy>_u<users>_steps.parquet (a validation output folder?)")
+    return pd.DataFrame(rows).sort_values(["policy", "users"], ignore_index=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m calibration.profiling.step_prices",
+                                description="The real loop's steps of a validation output folder against their "
+                                            "price by its profile, per policy and users.")
+    p.add_argument("out_dir", type=Path, help="the folder python -m calibration.validate --out wrote")
+    p.add_argument("--drafter", default="dspark", help="the validation's --drafter (default dspark)")
+    p.add_argument("--gamma", type=int, default=7, help="the validation's --gamma (default 7)")
+    p.add_argument("--warmup-s", type=float, default=0.5, help="each slice's warm-up, left out (default 0.5)")
+    args = p.parse_args(argv)
+    table = breakdown(args.out_dir, args.drafter, args.gamma, args.warmup_s)
+    with pd.option_context("display.width", 200, "display.max_columns", None):
+        print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+if __name__ == "__main__":
+    main()

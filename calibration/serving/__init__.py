@@ -3,6 +3,9 @@
 * :mod:`calibration.serving.specdec` - one speculative step over a fixed batch (draft -> policy -> verify ->
   rejection sampling -> bonus);
 * :mod:`calibration.serving.batch` - a live batch that requests join (after prefill) and leave;
+* :mod:`calibration.serving.chunked` - co-located chunked prefill: the waiting queue, the prefill set, each step's
+  chunks and their log;
+* :mod:`calibration.serving.clock` - the decode clock (wall, or the loop thread's CPU seconds plus its sleeps);
 * :mod:`calibration.serving.loop` - ``serve``: traffic, admission, finishing and the run's tables, on a wall clock.
 
 Design choice: this loop is the ground truth the simulator is validated against

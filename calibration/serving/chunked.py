@@ -14,8 +14,10 @@ budget with prefill chunks:
 * a chunk attends over its prompt's computed tokens; the step that completes a
   prompt samples the first output token, and the request decodes from the next step.
 
-:class:`ChunkedPrefill` keeps the queue and the prefill set and plans the chunks;
-the loop (:mod:`calibration.serving.loop`) admits, runs the steps and records times.
+:class:`ChunkedPrefill` keeps the queue and the prefill set, plans the chunks and
+logs every computed chunk (:data:`calibration.serving.spec.CHUNK_COLUMNS`: its step,
+request, computed prompt tokens before it and its tokens); the loop
+(:mod:`calibration.serving.loop`) admits, runs the steps and records times.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class ChunkedPrefill:
         self.waiting: deque[int] = deque()  # arrived, not yet admitted (arrival order)
         self.active: list[Prefilling] = []  # admission order
         self._planned: list[tuple[Prefilling, int]] = []
+        self.log: list[tuple[int, int, int, int]] = []  # computed chunks, rows of CHUNK_COLUMNS
 
     @property
     def idle(self) -> bool:
@@ -93,12 +96,14 @@ class ChunkedPrefill:
         """Request ids whose first chunk is in the planned step."""
         return [entry.request_id for entry, _ in self._planned if entry.done_tokens == 0]
 
-    def advance(self, first_tokens: tuple[int | None, ...]) -> list[tuple[Prefilling, int]]:
-        """The planned chunks were computed: the completed requests (in admission order) with their first token."""
+    def advance(self, first_tokens: tuple[int | None, ...], step: int) -> list[tuple[Prefilling, int]]:
+        """The planned chunks were computed in step ``step`` (its row in the steps table; logged with them): the
+        completed requests (in admission order) with their first token."""
         if len(first_tokens) != len(self._planned):
             raise ValueError(f"{len(first_tokens)} chunk results for {len(self._planned)} planned chunks")
         completed = []
         for (entry, n), first in zip(self._planned, first_tokens, strict=True):
+            self.log.append((step, entry.request_id, entry.done_tokens, n))
             entry.done_tokens += n
             if entry.left_tokens == 0:
                 if first is None:

@@ -35,7 +35,9 @@ The result has the simulator's tables: ``requests`` with the columns of
 have none), the metrics of :func:`simulator.metrics.add_request_metrics` and
 ``in_window`` (the requests that arrived before the end, as the simulator's);
 ``steps`` with :data:`calibration.serving.spec.STEP_COLUMNS`: the simulator's
-``StepLog.COLUMNS`` plus the loop's own (see there); the summary comes from
+``StepLog.COLUMNS`` plus the loop's own (see there); ``chunks`` (chunked mode) with
+:data:`calibration.serving.spec.CHUNK_COLUMNS`, each prefill chunk with its step,
+request and computed-before context; the summary comes from
 :func:`simulator.metrics.summarize` over the same window as the simulator's.
 """
 
@@ -51,9 +53,10 @@ import torch
 
 from calibration.serving.batch import LiveBatch, Prefilled
 from calibration.serving.chunked import ChunkedPrefill, Prefilling
+from calibration.serving.clock import LoopClock
 from calibration.serving.spec import (
+    CHUNK_COLUMNS,
     STEP_COLUMNS,
-    ClockKind,
     PrefillMode,
     PromptSource,
     ServingModels,
@@ -70,29 +73,6 @@ from traces.workload import DOMAINS, Workload
 __all__ = ["STEP_COLUMNS", "PrefillMode", "PromptSource", "ServingModels", "ServingResults", "ServingSpec",
            "random_prompts", "serve"]
 
-class _Clock:
-    """Seconds of the decode device since creation, less the time booked to the prefill instance.
-
-    ``wall``: the wall clock. ``cpu``: the loop thread's CPU seconds (``time.thread_time``; torch runs on this
-    thread) plus the seconds it slept for arrivals: the decode device is busy exactly while the loop computes, and
-    time other jobs take from it on a shared machine is not booked to it.
-    """
-
-    def __init__(self, kind: ClockKind = "wall") -> None:
-        self.timer = time.thread_time if kind == "cpu" else time.perf_counter
-        self.sleeps_count = kind == "cpu"  # the CPU clock does not run while the thread sleeps
-        self._start, self.excised_s, self.slept_s = self.timer(), 0.0, 0.0
-
-    def now(self) -> float:
-        return self.timer() - self._start - self.excised_s + self.slept_s
-
-    def wait_until(self, at: float) -> None:
-        delay = at - self.now()
-        if delay > 0:
-            time.sleep(delay)
-            if self.sleeps_count:
-                self.slept_s += delay
-
 
 class _Server:
     """The loop's state; ``run`` drives it. One instance per ``serve`` call."""
@@ -106,7 +86,7 @@ class _Server:
         self.rng_prompts, self.rng_accept = np.random.default_rng(streams[5]), np.random.default_rng(streams[6])
         self.generator = torch.Generator().manual_seed(int(streams[7].generate_state(1)[0]))
         self.store, self.steps = RequestStore(), StepLog()
-        self.clock = _Clock(spec.clock)
+        self.clock = LoopClock(spec.clock)
         traffic = spec.traffic
         self.sampler: RequestSampler | None = None
         self.pending: list[tuple[float, int, int]] = []  # closed loop: heap of (arrival_at, order, user)
@@ -241,7 +221,7 @@ class _Server:
             return 0, 0
         store.prefill_start_at[chunked.started()] = start_at
         planned = chunked.planned()
-        for entry, first in chunked.advance(first_tokens):
+        for entry, first in chunked.advance(first_tokens, len(self.steps.rows)):  # this step's row comes next
             rid = entry.request_id
             store.first_token_at[rid] = end_at
             staged = self.batch.close_prefill(entry.slot, first)
@@ -397,4 +377,6 @@ def serve(spec: ServingSpec, models: ServingModels) -> ServingResults:
         **summarize(requests, steps, server.verified_length_counts, server.accepted_length_counts,
                     start_at=start_at, end_at=end_at, num_decode_gpus=1),
     }
-    return ServingResults(spec, requests, steps, summary, server.outputs)
+    log = server.chunked.log if server.chunked is not None else []
+    chunks = pd.DataFrame(log, columns=list(CHUNK_COLUMNS), dtype="int64")
+    return ServingResults(spec, requests, steps, summary, server.outputs, chunks)

@@ -3,7 +3,7 @@
 :func:`calibration.serving.loop.serve` takes a :class:`ServingSpec` (the fields mean what
 the same fields of :class:`simulator.SimulationSpec` mean) and :class:`ServingModels`,
 and returns :class:`ServingResults` whose tables have the simulator's schema plus the
-loop's own step columns (:data:`STEP_COLUMNS`).
+loop's own step columns (:data:`STEP_COLUMNS`) and, in chunked mode, its prefill chunks (:data:`CHUNK_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, 
 STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens", "prefill_tokens",
                 "num_prefill_requests", "max_verified_tokens", "wait_s",
                 "cpu_at")
+# The prefill chunks of a chunked run, one row per chunk computed (ServingResults.chunks): the step it ran in (its
+# row in the run's steps table, counted from 0), its request, the prompt tokens computed before it (what it attends
+# over besides itself, the simulator's chunk context) and its prompt tokens. A step's chunk_tokens sum to its
+# prefill_tokens and its rows count num_prefill_requests; a request's chunks follow one another and sum to its prompt.
+CHUNK_COLUMNS = ("step", "request_id", "context_tokens", "chunk_tokens")
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class ServingResults:
     steps: pd.DataFrame
     summary: dict[str, Any]
     outputs: dict[int, list[int]]  # request id -> its output tokens (finished requests)
+    chunks: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(CHUNK_COLUMNS), dtype="int64"))
 
 
 def random_prompts(vocab_size: int) -> PromptSource:

@@ -42,7 +42,8 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any],
     row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use], drifts[use]))
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
-                                             policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous)
+                                             policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,
+                                             [reals[k].chunks for k in use])
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row

@@ -228,7 +228,7 @@ def _simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
     """profile.json, acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real
-    tables."""
+    tables (requests, steps and, chunked, the prefill chunks: ``real_<policy>_u<users>_<table>.parquet``)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
@@ -241,8 +241,9 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
     fig = frontier_figure(result.table, f"{result.models}\nsolid: real loop, dashed: simulator "
                                         f"({result.profile.source} profile of this machine)")
     fig.savefig(paths["figure"], dpi=120)
+    kinds = ("requests", "steps", "chunks") if result.config.prefill == "chunked" else ("requests", "steps")
     for (policy, users), real in result.real.items():
-        for what in ("requests", "steps"):
+        for what in kinds:
             tables = [getattr(part, what).assign(slice=i) for i, part in enumerate(real)]
             pd.concat(tables, ignore_index=True).to_parquet(out / f"real_{policy}_u{users}_{what}.parquet")
     # Benchmark mode: the static points as vLLM JSON and CSV results (bench/), what calibration.fit_profile reads.
