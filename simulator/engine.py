@@ -5,7 +5,8 @@ drafter's confidences and the true outcomes for the decoding requests, ask the
 policy for verification lengths l_r (within the token budget, when there is
 one), allocate the KV the step writes (paged mode: newest requests are
 preempted when it does not fit), fill what is left of the budget with prefill
-chunks (chunked mode), spend
+chunks (chunked mode; paged KV grows by each step's chunks and only a
+request whose first chunk fits is admitted, :mod:`simulator.preemption`), spend
 
     T_step = T_draft + [T_sched if the policy is synchronous, or the profile's scheduler is inline] + T_verify
 
@@ -174,7 +175,7 @@ class DecodeEngine(Preemption):
         while self.waiting and len(admitted) < free_slots and (token_room is None or token_room > 0):
             rid = self.waiting[0]
             units = self.kv.admission_units(int(store.prompt_tokens[rid]), int(store.output_tokens[rid]),
-                                            self._kv_tokens(rid))
+                                            self._kv_tokens(rid), token_room)
             if units > self.kv.free:
                 break  # FCFS: the head of the queue waits for KV space
             self.waiting.popleft()
@@ -275,7 +276,12 @@ class DecodeEngine(Preemption):
             self._decide(plan)
         if self.mode == "chunked":
             room = self.budget - plan.decode_tokens  # type: ignore[operator]
-            if room > 0:
+            if self.kv.paged:  # blocks for this step's chunks first; a step that preempted admits no one (vLLM v1)
+                room_left, num_preempted = self._allocate_chunks(max(room, 0))
+                plan.num_preempted += num_preempted
+                if room_left > 0 and not plan.num_preempted:
+                    self._admit_prefilling(room_left)
+            elif room > 0:
                 self._admit_prefilling(room - int((self.prefill.target - self.prefill.done).sum()))
             left = self.prefill.target - self.prefill.done
             plan.chunks = prefill_chunks(left, max(room, 0))

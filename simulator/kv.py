@@ -6,13 +6,19 @@ Two modes (``cluster.kv_mode``):
   admitted and gives them back when it finishes; nothing grows, nothing is
   preempted. Units are tokens.
 * ``paged`` - KV is allocated in blocks of ``kv_block_tokens`` tokens as it is
-  written: at admission the blocks of the KV the request brings or is about
-  to compute (its prompt, or prompt + output so far after a preemption), then,
-  before every step, the blocks its verification writes: ``1 + l_r`` slots
-  past its context (the verified lookahead). Blocks stay with the request
-  until it finishes (rejected slots are overwritten later). When a step's
-  blocks do not fit, the newest requests are preempted by recompute (their
-  blocks freed, their KV rebuilt later), as vLLM does. Units are blocks.
+  written: before every step, the blocks a decoding request's verification
+  writes, ``1 + l_r`` slots past its context (the verified lookahead), and
+  the blocks of the prompt tokens a prefilling request computes. In
+  disaggregated mode a request is admitted with the blocks of the KV it
+  brings (its prompt, or prompt + output so far after a preemption); in
+  chunked mode it is prefilled chunk by chunk and holds the blocks of the
+  tokens computed so far plus this step's chunk (vLLM v1's
+  ``allocate_slots(request, num_new_tokens)``): it is admitted with the
+  blocks of its first chunk. Blocks stay with the request until it finishes
+  (rejected slots are overwritten later). When a step's blocks do not fit,
+  the newest requests are preempted by recompute (their blocks freed, their
+  KV rebuilt later), as vLLM does (:mod:`simulator.preemption`). Units are
+  blocks.
 """
 
 from __future__ import annotations
@@ -56,18 +62,26 @@ class KVAccount:
                              f"an engine holds only {self.capacity} (cluster.kv_capacity_tokens / "
                              f"cluster.kv_block_tokens)")
 
-    def admission_units(self, prompt_tokens: int, output_tokens: int, kv_tokens: int) -> int:
-        """Units a request takes when admitted: prompt + output tokens (reserve), or the blocks of the ``kv_tokens``
-        it brings or is about to compute (paged)."""
+    def admission_units(self, prompt_tokens: int, output_tokens: int, kv_tokens: int,
+                        chunk_tokens: int | None = None) -> int:
+        """Units a request takes when admitted: prompt + output tokens (reserve), or (paged) the blocks of the
+        ``kv_tokens`` it brings or is about to compute, of at most ``chunk_tokens`` of them when it is prefilled in
+        chunks (the first chunk's blocks; the others are allocated step by step, :meth:`chunk_growth`)."""
         if not self.paged:
             return prompt_tokens + output_tokens
-        return int(blocks_for(kv_tokens, self.block_tokens))
+        return int(blocks_for(kv_tokens if chunk_tokens is None else min(kv_tokens, chunk_tokens), self.block_tokens))
 
     def step_growth(self, context_tokens: np.ndarray, lengths: np.ndarray, held: np.ndarray) -> np.ndarray:
         """Blocks each decoding request must add before a step that writes ``1 + l_r`` slots past its context
         -> [R] (paged only)."""
         need = blocks_for(context_tokens + 1 + lengths, self.block_tokens) - held
         return np.maximum(need, 0)
+
+    def chunk_growth(self, done_tokens: np.ndarray, chunk_tokens: np.ndarray, held: np.ndarray) -> np.ndarray:
+        """Blocks each prefilling request must add before a step that computes ``chunk_tokens`` more of its prompt
+        -> [P] (paged only). A prefilling request holds exactly the blocks of its ``done_tokens``, so this is never
+        negative."""
+        return blocks_for(done_tokens + chunk_tokens, self.block_tokens) - held
 
 
 def survivors(need: np.ndarray, held: np.ndarray, free: int) -> int:

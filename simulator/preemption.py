@@ -1,14 +1,26 @@
 """Paged KV that does not fit: the engine preempts its newest requests by recompute, as vLLM does.
 
-A mixin of :class:`simulator.engine.DecodeEngine`: before a step, blocks for
+A mixin of :class:`simulator.engine.DecodeEngine`. Before a step, blocks for
 the slots each decoding request writes (``1 + l_r`` past its context) are
 allocated; when they do not fit, prefilling requests go first (they are the
-newest), then the newest decoding ones, until the rest fit. A preempted
-request frees its blocks and recomputes its KV later: in chunked mode it waits
-first in line at its engine, in disaggregated mode it goes through the
-cluster's prefill pool (``on_preempt``) and comes back.
-"""
+newest), then the newest decoding ones, until the rest fit.
 
+In chunked mode the prefilling requests' blocks are allocated next, for the
+chunk each computes this step (the blocks covering ``done + chunk`` tokens,
+less those it holds), as vLLM v1's scheduler allocates slots for the tokens it
+schedules. When they do not fit, the newest prefilling requests are preempted
+until the older ones' chunks fit; a request whose chunk does not fit even
+after every newer one has gone is preempted too (vLLM v1 preempts the
+lowest-priority, newest, running request, which is then the request itself).
+A prefilling request never preempts a decoding one: those are older. A step
+that preempted anyone admits no waiting request (as in vLLM v1); otherwise a
+waiting request is admitted only when the blocks of its first chunk fit
+(:meth:`simulator.kv.KVAccount.admission_units`), first come, first served.
+
+A preempted request frees its blocks and recomputes its KV later: in chunked
+mode it waits first in line at its engine, in disaggregated mode it goes
+through the cluster's prefill pool (``on_preempt``) and comes back.
+"""
 from __future__ import annotations
 
 from collections import deque
@@ -16,7 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from simulator.batch import RequestColumns
+from simulator.batch import RequestColumns, prefill_chunks
 from simulator.decode_set import DecodeSet, add_counters
 from simulator.kv import KVAccount, survivors
 from simulator.requests import RequestStore
@@ -52,6 +64,24 @@ class Preemption:
         self.decode.held += need
         self.kv.used += int(need.sum())
         return keep
+
+    def _allocate_chunks(self, room_tokens: int) -> tuple[int, int]:
+        """Chunked mode, paged: blocks for the chunk each prefilling request computes this step (in admission
+        order, within ``room_tokens``); preempts the newest prefilling requests until the older ones' chunks fit.
+        Returns the room the remaining chunks leave for admission, and how many requests were preempted."""
+        prefill, kv = self.prefill, self.kv
+        if not prefill.size:
+            return room_tokens, 0
+        chunks = prefill_chunks(prefill.target - prefill.done, room_tokens)
+        need = kv.chunk_growth(prefill.done, chunks, prefill.held)
+        keep = survivors(need, prefill.held, kv.free)
+        num_preempted = prefill.size - keep
+        if num_preempted:
+            self._preempt_prefilling(keep)
+            chunks, need = chunks[:keep], need[:keep]
+        prefill.held = prefill.held + need
+        kv.used += int(need.sum())
+        return room_tokens - int(chunks.sum()), num_preempted
 
     def _preempt_prefilling(self, keep: int) -> None:
         gone = self.prefill.split(keep)
