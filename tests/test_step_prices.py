@@ -144,12 +144,18 @@ def test_breakdown_of_a_validation_folder(tmp_path, capsys) -> None:
     pd.concat([chunks.assign(slice=k) for k in range(2)], ignore_index=True).to_parquet(
         tmp_path / "real_greedy_u4_chunks.parquet")
     row = breakdown(tmp_path, "dspark", GAMMA, 0.0).iloc[0]
-    assert (row["policy"], row["users"], row["steps"], row["chunk_steps"], row["chunk_only_steps"]) == \
-        ("greedy", 4, 8, 6, 2)  # the first step of each slice has no previous end
+    assert (row["policy"], row["users"], row["slices"], row["steps"], row["chunk_steps"], row["chunk_only_steps"]) \
+        == ("greedy", 4, 2, 8, 6, 2)  # the first step of each slice has no previous end
     assert row["chunk_steps_real/priced"] == pytest.approx(1.2) and row["other_steps_real/priced"] == pytest.approx(1.0)
-    main([str(tmp_path), "--warmup-s", "0"])
+    # the settings come from the folder's config.json; --kept-only keeps the slices slices.csv kept
+    (tmp_path / "config.json").write_text(json.dumps({"drafter": "dspark", "gamma": GAMMA, "warmup_s": 0.0}))
+    pd.DataFrame({"policy": "greedy", "num_users": 4, "slice": [0, 1], "kept": [False, True]}).to_csv(
+        tmp_path / "slices.csv", index=False)
+    main([str(tmp_path), "--kept-only"])
     printed = capsys.readouterr().out
-    assert "chunk_steps_real/priced" in printed and "1.200" in printed
+    assert "warm-up 0 s per slice, slices the validation kept" in printed and "chunk_steps_real/priced" in printed
+    assert breakdown(tmp_path, "dspark", GAMMA, 0.0, kept_only=True).loc[0, ["slices", "steps"]].tolist() == [1, 4]
+    assert "1.200" in printed
     (tmp_path / "real_greedy_u4_chunks.parquet").unlink()  # a chunked run's steps cannot be priced without them
     with pytest.raises(ValueError, match="no chunks table"):
         breakdown(tmp_path, "dspark", GAMMA, 0.0)

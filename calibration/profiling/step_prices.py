@@ -14,14 +14,16 @@ the end of this one, less any sleep for a prefill). A ratio above 1: the loop's 
 cost more than the profile says, and the simulator is optimistic by about that much
 whatever the acceptance.
 
-``python -m calibration.profiling.step_prices OUT_DIR`` reads a validation's output
-folder and prints, per policy and users, that ratio over all steps, over the steps
-with prefill chunks and over the others, with the drafter's share (:func:`breakdown`).
+``python -m calibration.profiling.step_prices OUT_DIR [--kept-only]`` reads a
+validation's output folder (its settings from ``config.json``) and prints, per policy
+and users, that ratio over all steps, over the steps with prefill chunks and over the
+others, with the drafter's share (:func:`breakdown`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -132,42 +134,65 @@ def _ratio(real: pd.Series, priced: pd.Series) -> float:
     return float(real.sum() / priced.sum()) if len(real) and priced.sum() else float("nan")
 
 
-def breakdown(out_dir: Path, drafter: str, gamma: int, warmup_s: float) -> pd.DataFrame:
+def _priced_slices(path: Path, profile: HardwareProfile, drafter: str, gamma: int, warmup_s: float,
+                   slices: set[int] | None) -> pd.DataFrame:
+    """The priced steps (:func:`priced_cycles`, with ``price_s`` and ``draft_price_s``) of one point's slices
+    (``slices``: only these), from its steps table at ``path`` and the chunks table beside it."""
+    policy = make_policy(_point(path)[0])
+    table = pd.read_parquet(path)
+    chunk_path = path.with_name(path.name.replace("_steps.", "_chunks."))
+    chunk_table = pd.read_parquet(chunk_path) if chunk_path.exists() else None
+    parts = []
+    for k, steps in table.groupby("slice", sort=True):
+        if slices is not None and k not in slices:
+            continue
+        kept = priced_cycles(steps.drop(columns="slice").reset_index(drop=True), warmup_s)
+        chunks = None if chunk_table is None else chunk_table[chunk_table["slice"] == k]
+        priced = price_parts(kept, profile, drafter, policy.name, policy.draft_tokens(gamma), policy.synchronous,
+                             chunks)
+        parts.append(kept.assign(price_s=priced.sum(axis=1), draft_price_s=priced["draft_s"], slice=k))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _point(path: Path) -> tuple[str, int]:
+    match = re.fullmatch(r"real_(.+)_u(\d+)_steps\.parquet", path.name)
+    if match is None:
+        raise ValueError(f"{path}: expected a name real_<policy>_u<users>_steps.parquet")
+    return match[1], int(match[2])
+
+
+def breakdown(out_dir: Path, drafter: str, gamma: int, warmup_s: float, kept_only: bool = False) -> pd.DataFrame:
     """Per policy and users of a validation output folder (its ``profile.json`` and ``real_<policy>_u<users>_steps``
-    and ``_chunks`` tables): steps priced, steps with chunks (of which chunks alone), mean measured and priced cycle,
-    real / priced over all steps, over the steps with chunks and over the others, and the drafter's measured and
-    priced mean seconds over the steps with decoding requests. The measured drafter time of a step with chunks
+    and ``_chunks`` tables; ``kept_only``: only the slices ``slices.csv`` says the point kept, those of the report's
+    *real step / priced*): slices, steps priced, steps with chunks (of which chunks alone), mean measured and priced
+    cycle, real / priced over all steps, over the steps with chunks and over the others, and the drafter's measured
+    and priced mean seconds over the steps with decoding requests. The measured drafter time of a step with chunks
     includes the drafter's context of the chunk tokens, which the profile prices inside the chunk attention."""
     profile = load_profile(out_dir / "profile.json")
+    kept = pd.read_csv(out_dir / "slices.csv") if kept_only else None
     rows = []
     for path in sorted(out_dir.glob("real_*_steps.parquet")):
-        match = re.fullmatch(r"real_(.+)_u(\d+)_steps\.parquet", path.name)
-        if match is None:
-            raise ValueError(f"{path}: expected a name real_<policy>_u<users>_steps.parquet")
-        policy = make_policy(match[1])
-        table = pd.read_parquet(path)
-        chunk_path = path.with_name(path.name.replace("_steps.", "_chunks."))
-        chunk_table = pd.read_parquet(chunk_path) if chunk_path.exists() else None
-        parts = []
-        for k, steps in table.groupby("slice", sort=True):
-            kept = priced_cycles(steps.drop(columns="slice").reset_index(drop=True), warmup_s)
-            chunks = None if chunk_table is None else chunk_table[chunk_table["slice"] == k]
-            priced = price_parts(kept, profile, drafter, policy.name, policy.draft_tokens(gamma),
-                                 policy.synchronous, chunks)
-            parts.append(kept.assign(price_s=priced.sum(axis=1), draft_price_s=priced["draft_s"]))
-        s = pd.concat(parts, ignore_index=True)
-        chunked, decoding = s["prefill_tokens"] > 0, s["num_requests"] > 0
-        rows.append({"policy": match[1], "users": int(match[2]), "steps": len(s),
-                     "chunk_steps": int(chunked.sum()), "chunk_only_steps": int((chunked & ~decoding).sum()),
-                     "real_ms": 1e3 * s["cycle_s"].mean(), "priced_ms": 1e3 * s["price_s"].mean(),
-                     "real/priced": _ratio(s["cycle_s"], s["price_s"]),
-                     "chunk_steps_real/priced": _ratio(s["cycle_s"][chunked], s["price_s"][chunked]),
-                     "other_steps_real/priced": _ratio(s["cycle_s"][~chunked], s["price_s"][~chunked]),
-                     "draft_real_ms": 1e3 * s["draft_s"][decoding].mean(),
-                     "draft_priced_ms": 1e3 * s["draft_price_s"][decoding].mean()})
+        name, users = _point(path)
+        slices = None if kept is None else set(
+            kept.loc[(kept["policy"] == name) & (kept["num_users"] == users) & kept["kept"], "slice"].tolist())
+        s = _priced_slices(path, profile, drafter, gamma, warmup_s, slices)
+        row: dict = {"policy": name, "users": users, "slices": 0 if s.empty else s["slice"].nunique(), "steps": len(s)}
+        if not s.empty:
+            chunked, decoding = s["prefill_tokens"] > 0, s["num_requests"] > 0
+            row.update({"chunk_steps": int(chunked.sum()), "chunk_only_steps": int((chunked & ~decoding).sum()),
+                        "real_ms": 1e3 * s["cycle_s"].mean(), "priced_ms": 1e3 * s["price_s"].mean(),
+                        "real/priced": _ratio(s["cycle_s"], s["price_s"]),
+                        "chunk_steps_real/priced": _ratio(s["cycle_s"][chunked], s["price_s"][chunked]),
+                        "other_steps_real/priced": _ratio(s["cycle_s"][~chunked], s["price_s"][~chunked]),
+                        "draft_real_ms": 1e3 * s["draft_s"][decoding].mean(),
+                        "draft_priced_ms": 1e3 * s["draft_price_s"][decoding].mean()})
+        rows.append(row)
     if not rows:
         raise ValueError(f"{out_dir}: no real_<policy>_u<users>_steps.parquet (a validation output folder?)")
-    return pd.DataFrame(rows).sort_values(["policy", "users"], ignore_index=True)
+    table = pd.DataFrame(rows)
+    counts = [name for name in ("chunk_steps", "chunk_only_steps") if name in table]
+    table = table.astype(dict.fromkeys(counts, "Int64"))  # counts stay integers beside the NaN of empty points
+    return table.sort_values(["policy", "users"], ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,12 +200,20 @@ def main(argv: list[str] | None = None) -> None:
                                 description="The real loop's steps of a validation output folder against their "
                                             "price by its profile, per policy and users.")
     p.add_argument("out_dir", type=Path, help="the folder python -m calibration.validate --out wrote")
-    p.add_argument("--drafter", default="dspark", help="the validation's --drafter (default dspark)")
-    p.add_argument("--gamma", type=int, default=7, help="the validation's --gamma (default 7)")
-    p.add_argument("--warmup-s", type=float, default=0.5, help="each slice's warm-up, left out (default 0.5)")
+    p.add_argument("--drafter", help="the validation's --drafter (default: its config.json's, else dspark)")
+    p.add_argument("--gamma", type=int, help="the validation's --gamma (default: its config.json's, else 7)")
+    p.add_argument("--warmup-s", type=float, help="each slice's warm-up, left out (default: config.json's, else 0.5)")
+    p.add_argument("--kept-only", action="store_true", help="only the slices the validation kept (slices.csv)")
     args = p.parse_args(argv)
-    table = breakdown(args.out_dir, args.drafter, args.gamma, args.warmup_s)
-    with pd.option_context("display.width", 200, "display.max_columns", None):
+    config_path = args.out_dir / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    drafter = args.drafter or config.get("drafter", "dspark")
+    gamma = args.gamma if args.gamma is not None else int(config.get("gamma", 7))
+    warmup_s = args.warmup_s if args.warmup_s is not None else float(config.get("warmup_s", 0.5))
+    table = breakdown(args.out_dir, drafter, gamma, warmup_s, args.kept_only)
+    print(f"{args.out_dir}: drafter {drafter}, gamma {gamma}, warm-up {warmup_s:g} s per slice, "
+          + ("slices the validation kept" if args.kept_only else "every slice"))
+    with pd.option_context("display.width", 250, "display.max_columns", None):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
