@@ -5,15 +5,20 @@ per-call overhead, not the numbers. While the decoding requests stay the same,
 :class:`SampleAhead` samples K steps in one call
 (:meth:`~simulator.acceptance.parametric.AcceptanceModel.sample_steps`) and
 hands them out one per step, doubling K while the batch lasts. When the batch
-changes, the normals drawn for the steps not handed out go back to a
-:class:`NormalStream`, which serves them again first: every step sees exactly
-the values, from exactly the draws, of sampling step by step.
+changes, the draws of the steps not handed out are taken back: every step sees
+exactly the values, from exactly the draws, of sampling step by step. With
+numpy's default generator (PCG64) the normals are drawn inside the sampling
+kernel and taking them back rewinds the generator to its state after the last
+step handed out (:func:`~simulator.acceptance.kernels.pcg64_latent_steps`);
+with any other, they go back to a :class:`NormalStream`, which serves them
+again first.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from simulator.acceptance.kernels import pcg64_standard_normals, pcg64_state
 from simulator.acceptance.parametric import AcceptanceModel
 from simulator.decode_set import DecodeSet
 
@@ -23,10 +28,15 @@ FIRST_AHEAD_VALUES = 256  # a new batch samples this many draft tokens' worth of
 
 
 class NormalStream:
-    """A generator's standard normals in order; the last ones served can be given back, and are served again."""
+    """A generator's standard normals in order; the last ones served can be given back, and are served again.
+
+    Normals of numpy's default generator (PCG64) are drawn by a compiled kernel, values and state exactly numpy's
+    (:func:`simulator.acceptance.kernels.pcg64_standard_normals`).
+    """
 
     def __init__(self, rng: np.random.Generator) -> None:
         self._rng = rng
+        self.pcg64_state = pcg64_state(rng)  # None: numpy draws them
         self._back = np.empty(0)  # given back: the next values of the stream
         self._last = np.empty(0)  # what the last call served
         self.num_served = 0  # normals served so far, given-back ones not counted
@@ -36,14 +46,21 @@ class NormalStream:
             raise TypeError(f"NormalStream draws a count of normals, got size={size!r}")
         back = self._back
         if not back.size:
-            served = self._rng.standard_normal(size)
+            served = self._draw(size)
         elif back.size >= size:
             served, self._back = back[:size], back[size:]
         else:
-            served, self._back = np.concatenate((back, self._rng.standard_normal(size - back.size))), back[:0]
+            served, self._back = np.concatenate((back, self._draw(size - back.size))), back[:0]
         self._last = served
         self.num_served += size
         return served
+
+    def _draw(self, size: int) -> np.ndarray:
+        if self.pcg64_state is None:
+            return self._rng.standard_normal(size)
+        drawn = np.empty(size)
+        pcg64_standard_normals(self.pcg64_state, drawn)
+        return drawn
 
     def give_back(self, count: int) -> None:
         """The last ``count`` normals of the last call were not used: serve them again, first."""
@@ -57,19 +74,24 @@ class SampleAhead:
     """One engine's steps of a parametric acceptance model, sampled several at a time (see the module)."""
 
     def __init__(self, model: AcceptanceModel, rng: np.random.Generator, draft_tokens: int) -> None:
+        model.check_draft_tokens(draft_tokens)
         self.model, self.draft_tokens = model, draft_tokens
         self.stream = NormalStream(rng)
+        self._pcg64 = self.stream.pcg64_state  # None: numpy draws the normals, through the stream
+        self._step_states = np.empty((0, 2), dtype=np.uint64)  # [K, 2] the PCG64 state after each step's draws
         self._version = -1  # the DecodeSet version the samples belong to
         self._confidence = np.empty((0, 0, draft_tokens))  # [K, R, g]
         self._accepted = np.empty((0, 0), dtype=np.int64)  # [K, R]
         self._next = 0  # the next step handed out
-        self._draws_per_step = 0
+        self._draws_per_step = 0  # normals a step draws: R (2 g + 1)
+        self._batch: tuple[np.ndarray, np.ndarray, np.ndarray] = (np.empty((0, 5, 0)), np.empty(0, dtype=np.int64),
+                                                                   np.empty(0))  # AcceptanceModel.batch_rows
 
     def next_step(self, decode: DecodeSet) -> tuple[np.ndarray, np.ndarray]:
         """Confidences [R, g] and accepted draft counts [R] of the decoding requests' next step."""
         count = self._accepted.shape[0]
         if decode.version != self._version:  # few requests: a few steps cost what one does
-            self.stream.give_back((count - self._next) * self._draws_per_step)
+            self._take_back(count)
             self._sample(decode, max(1, min(8, FIRST_AHEAD_VALUES // max(decode.size * self.draft_tokens, 1))))
         elif self._next == count:
             limit = max(1, MAX_AHEAD_VALUES // max(decode.size * self.draft_tokens, 1))
@@ -78,9 +100,25 @@ class SampleAhead:
         self._next += 1
         return self._confidence[step], self._accepted[step]
 
+    def _take_back(self, count: int) -> None:
+        """The steps sampled but not handed out will not be: their draws are the next ones again."""
+        if self._next == count:
+            return
+        if self._pcg64 is None:
+            self.stream.give_back((count - self._next) * self._draws_per_step)
+        else:  # every step handed out so far (at least the first of the block) left the state it ends in
+            self._pcg64[:2] = self._step_states[self._next - 1]
+
     def _sample(self, decode: DecodeSet, num_steps: int) -> None:
-        served = self.stream.num_served
-        self._confidence, self._accepted = self.model.sample_steps(
-            self.stream, decode.domain_idx, decode.difficulty, self.draft_tokens, num_steps)  # type: ignore[arg-type]
-        self._draws_per_step = (self.stream.num_served - served) // num_steps  # the same for every step
-        self._version, self._next = decode.version, 0
+        if decode.version != self._version:  # what the model needs of the batch: once per batch
+            self._batch = self.model.batch_rows(decode.domain_idx, decode.difficulty)
+            self._version, self._draws_per_step = decode.version, decode.size * (2 * self.draft_tokens + 1)
+        if self._pcg64 is None:
+            self._confidence, self._accepted = self.model.draw_steps(
+                self.stream, self._batch, self.draft_tokens, num_steps)  # type: ignore[arg-type]
+        else:
+            if self._step_states.shape[0] < num_steps:
+                self._step_states = np.empty((max(num_steps, MAX_AHEAD_STEPS), 2), dtype=np.uint64)
+            self._confidence, self._accepted = self.model.draw_steps_pcg64(
+                self._pcg64, self._step_states[:num_steps], self._batch, self.draft_tokens)
+        self._next = 0

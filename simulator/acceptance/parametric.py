@@ -27,7 +27,7 @@ import numpy as np
 from scipy.special import expit, ndtr, ndtri
 
 from simulator.acceptance.curves import AcceptanceCurve
-from simulator.acceptance.kernels import latent_steps
+from simulator.acceptance.kernels import latent_steps, ndtr_address, pcg64_latent_steps
 from simulator.acceptance.latent import DifficultySpec, fit_latent
 from simulator.acceptance.preset_file import AcceptancePreset, PresetError
 from simulator.acceptance.presets import load_preset
@@ -138,6 +138,8 @@ class AcceptanceModel:
         self.preset = preset if isinstance(preset, AcceptancePreset) else load_preset(preset)
         self.gamma = gamma
         self.difficulty = difficulty or DifficultySpec()
+        spec = self.difficulty
+        self._request_spread, self._step_spread = float(spec.request_spread), float(spec.step_spread)
         self.confidence_spec = confidence or ConfidenceSpec()
         self.classes, self._by_domain = acceptance_classes(self.preset, benchmark_mix)
         self._aucs = self.confidence_spec.aucs(gamma, self.preset.confidence_auc)
@@ -245,32 +247,66 @@ class AcceptanceModel:
         then n1 [R, g]), then R (the step's shift) - only ``rng.standard_normal`` is called, with a count.
         """
         g, num_requests = num_draft_tokens, domain_idx.shape[0]
-        if g > self.gamma:
-            raise ValueError(f"{g} draft tokens requested but the acceptance model was built for gamma={self.gamma}")
+        self.check_draft_tokens(g)
         if g == 0 or num_requests == 0:
             return np.zeros((num_steps, num_requests, g)), np.zeros((num_steps, num_requests), dtype=np.int64)
+        return self.draw_steps(rng, self.batch_rows(domain_idx, difficulty), g, num_steps)
+
+    def check_draft_tokens(self, num_draft_tokens: int) -> None:
+        if num_draft_tokens > self.gamma:
+            raise ValueError(f"{num_draft_tokens} draft tokens requested but the acceptance model was built for "
+                             f"gamma={self.gamma}")
+
+    def batch_rows(self, domain_idx: np.ndarray, difficulty: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What :meth:`draw_steps` needs of a batch of requests: the parameter table [C, 5, gamma], each request's
+        row of it [R] and its ease z [R] (curves not fitted yet are fitted here)."""
         z = difficulty
         if self._domain_ready[domain_idx].all():  # every request's domain has one curve, fitted
-            table, rows = self._domain_rows, domain_idx
-        else:
-            rows = self._single[domain_idx]
-            if rows.min() < 0:  # a domain with several curves, or none
-                rows, z = self.request_classes(domain_idx, difficulty)
-            if not self._fitted[rows].all():
-                self._fit(np.unique(rows))
-            table = self._rows
+            return self._domain_rows, domain_idx, np.asarray(z, dtype=np.float64)
+        rows = self._single[domain_idx]
+        if rows.min() < 0:  # a domain with several curves, or none
+            rows, z = self.request_classes(domain_idx, difficulty)
+        if not self._fitted[rows].all():
+            self._fit(np.unique(rows))
+        return self._rows, rows, np.asarray(z, dtype=np.float64)
+
+    def draw_steps(self, rng: np.random.Generator, batch: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   num_draft_tokens: int, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`sample_steps` of a non-empty batch as :meth:`batch_rows` describes it (g >= 1)."""
+        table, rows, z = batch
+        g, num_requests = num_draft_tokens, rows.shape[0]
         # (A, W) of the latent model is bivariate normal: two draws per token suffice. One call draws the stream
         # that per-step calls would (numpy draws standard normals one after the other, whatever the size).
         draws = rng.standard_normal(num_steps * (2 * num_requests * g + num_requests)).reshape(num_steps, -1)
         confidence = np.empty((num_steps, num_requests, g))
         accepted = np.empty((num_steps, num_requests), dtype=np.int64)
-        spec = self.difficulty
-        latent_steps(draws, table, rows, np.asarray(z, dtype=np.float64), float(spec.request_spread),
-                     float(spec.step_spread), g, confidence, accepted)
-        ndtr(confidence, out=confidence)
+        cdf = ndtr_address()  # scipy's ndtr inside the kernel, or (0) the ufunc afterwards
+        latent_steps(draws, table, rows, z, self._request_spread, self._step_spread, g, confidence, accepted, cdf)
+        return self._confidences(confidence, cdf), accepted
+
+    def draw_steps_pcg64(self, state: np.ndarray, step_states: np.ndarray,
+                         batch: tuple[np.ndarray, np.ndarray, np.ndarray], num_draft_tokens: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`draw_steps` for K = ``len(step_states)`` steps, the normals drawn inside the kernel from the state
+        of a PCG64 generator (:func:`simulator.acceptance.kernels.pcg64_state`); ``step_states`` [K, 2] gets that
+        state after each step's draws (see :func:`simulator.acceptance.kernels.pcg64_latent_steps`)."""
+        table, rows, z = batch
+        g, num_requests, num_steps = num_draft_tokens, rows.shape[0], step_states.shape[0]
+        confidence = np.empty((num_steps, num_requests, g))
+        accepted = np.empty((num_steps, num_requests), dtype=np.int64)
+        cdf = ndtr_address()
+        pcg64_latent_steps(state, step_states, np.empty(num_requests * (2 * g + 1)), table, rows, z,
+                           self._request_spread, self._step_spread, g, confidence, accepted, cdf)
+        return self._confidences(confidence, cdf), accepted
+
+    def _confidences(self, confidence: np.ndarray, cdf_applied: int) -> np.ndarray:
+        """The head's confidences [K, R, g] from the kernels' output (probits when no CDF was applied there)."""
+        if not cdf_applied:
+            ndtr(confidence, out=confidence)
         if not self.confidence_spec.calibrated:
+            num_steps, num_requests, g = confidence.shape
             confidence = self.raw(confidence.reshape(-1, g)).reshape(num_steps, num_requests, g)
-        return confidence, accepted
+        return confidence
 
     def raw(self, calibrated: np.ndarray) -> np.ndarray:
         """The raw head's confidences [R, g] for calibrated ones (see the module docstring)."""
