@@ -40,6 +40,10 @@ _FLOAT64, _INT64 = np.dtype(np.float64), np.dtype(np.int64)  # compared with a d
 
 def _frozen(array: np.ndarray) -> np.ndarray:
     if type(array) is np.ndarray and array.dtype == _FLOAT64:
+        if not array.flags.writeable:  # read-only, and so is the array owning its memory: kept as it is (dspark's
+            base = array.base  # pools carry their sorted values this way, see policies/dspark.py)
+            if base is None or (type(base) is np.ndarray and not base.flags.writeable and base.base is None):
+                return array
         copy = array.copy(order="K")  # what np.array(array) makes, without its dtype resolution
     else:
         copy = np.array(array, dtype=np.float64)

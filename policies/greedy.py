@@ -42,12 +42,16 @@ def best_prefix_count(theta: np.ndarray) -> int:
     return int(theta.argmax())
 
 
-def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective, limit: int | None = None) -> int:
-    """Draft-token capacity K that a full search over ``pool`` would admit (at most ``limit``: a token budget)."""
+def search_capacity(pool: np.ndarray, cost: CostCurve, objective: Objective, limit: int | None = None,
+                    ascending: np.ndarray | None = None) -> int:
+    """Draft-token capacity K that a full search over ``pool`` would admit (at most ``limit``: a token budget).
+    ``ascending``: the pool's values in ascending order (NaN last), when the caller has them."""
     if pool.dtype == FLOAT64 and pool.ndim == 2 and (limit is None or limit >= 0):
         num_old, size = pool.shape[0], pool.size
         entries = size if limit is None or limit > size else limit
-        if size <= SMALL_TABLE_ENTRIES:  # sorted by the kernel (only values matter: any memory order)
+        if ascending is not None:
+            values, presorted = ascending, True
+        elif size <= SMALL_TABLE_ENTRIES:  # sorted by the kernel (only values matter: any memory order)
             values, presorted = pool.ravel(order="K"), False
         else:
             values, presorted = np.sort(pool.T if pool.flags.f_contiguous else pool, axis=None), True

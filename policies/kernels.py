@@ -17,6 +17,7 @@ call about a microsecond, more than a small table's arithmetic).
   the rare straddling tie in numpy, in tie-break order).
 * :func:`threshold_lengths` - both threshold rules, trimmed to a draft-token budget.
 * :func:`length_summary` - min, max and sum of a decision's lengths, for the driver's checks.
+* :func:`stale_top_k` - dspark's whole decision over a small table (survivals, capacity, top-K lengths) in one call.
 
 The first call of each kernel compiles it (or loads it from numba's on-disk cache, ``__pycache__``).
 """
@@ -209,3 +210,18 @@ def length_summary(lengths):  # [R] int64 -> (min, max, sum)
             high = value
         total += value
     return low, high, total
+
+
+@numba.njit(cache=True)
+def stale_top_k(confidence, by_position, stale, presorted, num_old, sps, objective, draft_s, limit, lengths):
+    """dspark's decision in one call: survivals of ``confidence`` [R, gamma] into ``by_position`` [gamma, R], the
+    capacity K from the stale pool's values ``stale`` (see :func:`best_prefix_on_path`), and the top-K lengths
+    into ``lengths`` [R] (zeros on entry) -> (K, whether ``lengths`` holds them). K is -1 when ``sps`` does not
+    reach the stale path's end; the lengths are left to the caller when a tie straddles the K-th value or a NaN
+    is in the table (see :func:`lengths_from_kth`), which selects the K-th value here (small tables only)."""
+    survival_position_major(confidence, by_position)
+    capacity = best_prefix_on_path(stale, presorted, num_old, sps, objective, draft_s, limit)
+    if capacity <= 0:
+        return capacity, capacity == 0
+    size = by_position.size
+    return capacity, lengths_from_kth(by_position, capacity, 0.0, capacity < size, lengths)
