@@ -93,7 +93,9 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
                    token_budget: int | None = None) -> np.ndarray:
     """The decision's lengths as ints -> [R], after checking 0 <= l_r <= drafted tokens and, with a token budget,
     sum_r (1 + l_r) <= budget."""
-    lengths = np.asarray(decision.lengths)
+    lengths = decision.lengths
+    if type(lengths) is not np.ndarray:
+        lengths = np.asarray(lengths)
     if lengths.shape != (num_requests,):
         raise ValueError(f"policy {policy.name!r}: expected {num_requests} lengths, got shape {lengths.shape}")
     if lengths.dtype == _INT64:  # one compiled pass (every policy returns int64)
@@ -108,7 +110,7 @@ def check_decision(policy: Policy, decision: Decision, num_requests: int, num_dr
     if token_budget is not None and num_requests + total > token_budget:
         raise ValueError(f"policy {policy.name!r}: {num_requests} requests verifying {total} draft "
                          f"tokens exceed the token budget of {token_budget} batch tokens")
-    return lengths.astype(_INT64, copy=False)  # int64 lengths as they are (nobody writes to them)
+    return lengths if lengths.dtype == _INT64 else lengths.astype(_INT64)  # int64 ones as they are (nobody writes)
 
 
 def active_requests(step: int, num_output_tokens: Sequence[int], join_steps: Sequence[int],

@@ -18,7 +18,6 @@ other pool is sorted when used.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,7 +26,6 @@ import numpy as np
 from policies import kernels
 from policies.base import (
     FLOAT64,
-    SMALL_TABLE_ENTRIES,
     CostCurve,
     Decision,
     Objective,
@@ -94,7 +92,9 @@ class DSpark(PolicyTraits):
             confidence = smoothed
         stale = view.history[-self.staleness_steps] if 0 < self.staleness_steps <= len(view.history) else None
         if stale is not None and _is_small(confidence) and _is_small(stale):
-            small = _decide_small(confidence, stale, view.cost, self.objective, view.draft_budget)
+            budget = view.token_budget
+            small = _decide_small(confidence, stale, view.cost, self.objective,
+                                  None if budget is None else budget - confidence.shape[0])  # view.draft_budget
             if small is not None:
                 survival, capacity, lengths = small
                 return Decision(lengths=lengths, pool=survival, capacity=capacity, smoothed=smoothed)
@@ -115,13 +115,18 @@ class DSpark(PolicyTraits):
                         smoothed=smoothed)
 
 
-# Pools made by _sorted_survival, by id, while they live; each one's buffer holds the pool, then its sorted values.
-_SORTED_POOLS: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+ONE_CALL_ENTRIES = 128  # tables of at most this many survivals are decided in one kernel call (sorted there)
+
+# Pools made by _sorted_survival, by id, the newest last; each one's buffer holds the pool, then its sorted values.
+# Held here (so an id cannot be reused while listed), the oldest dropped past SORTED_POOLS_KEPT: a pool is used two
+# steps after it was made, so this serves every engine of a cluster of ~100 replicas; an older one is sorted again.
+_SORTED_POOLS: dict[int, np.ndarray] = {}
+SORTED_POOLS_KEPT = 256
 
 
 def _is_small(table: np.ndarray) -> bool:
     return type(table) is np.ndarray and table.dtype == FLOAT64 and table.ndim == 2 and (
-        table.size <= SMALL_TABLE_ENTRIES)
+        table.size <= ONE_CALL_ENTRIES)
 
 
 def _decide_small(confidence: np.ndarray, pool: np.ndarray, cost: CostCurve, objective: Objective,
@@ -141,7 +146,7 @@ def _decide_small(confidence: np.ndarray, pool: np.ndarray, cost: CostCurve, obj
                                          float(cost.draft_s), entries, lengths)
     if capacity < 0:
         return None
-    by_position.flags.writeable = False  # the policy memory keeps it without a copy
+    by_position.setflags(write=False)  # the policy memory keeps it without a copy
     survival = by_position.T
     return survival, capacity, lengths if done else top_k_lengths(survival, capacity)
 
@@ -157,9 +162,11 @@ def _sorted_survival(confidence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ascending = buffer[size:]
     ascending[:] = buffer[:size]
     ascending.sort()
-    buffer.flags.writeable = False  # and so is every view made of it from here on
+    buffer.setflags(write=False)  # and so is every view made of it from here on
     survival = buffer[:size].reshape(gamma, num_requests).T
     _SORTED_POOLS[id(survival)] = survival
+    if len(_SORTED_POOLS) > SORTED_POOLS_KEPT:
+        del _SORTED_POOLS[next(iter(_SORTED_POOLS))]
     return survival, buffer[size:]
 
 

@@ -46,8 +46,8 @@ class DecodeStep(StepPlan):
             self.longest, self.decode_tokens = 0, self.num_requests
             self.ends_request = int(remaining.min()) == 1
             return
-        good = np.empty(self.num_requests, dtype=np.int64)
-        remaining_after = np.empty(self.num_requests, dtype=np.int64)
+        block = np.empty((2, self.num_requests), dtype=np.int64)  # one allocation for both
+        good, remaining_after = block[0], block[1]
         num_verified, self.num_good, self.longest, self.ends_request = settle_lengths(
             self.lengths, self.accepted, remaining, good, remaining_after)
         self.num_verified, self.decode_tokens = num_verified, self.num_requests + num_verified
