@@ -158,10 +158,8 @@ def _sorted_survival(confidence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     num_requests, gamma = confidence.shape
     size = num_requests * gamma
     buffer = np.empty(2 * size)
-    kernels.survival_position_major(confidence, buffer[:size].reshape(gamma, num_requests))
-    ascending = buffer[size:]
-    ascending[:] = buffer[:size]
-    ascending.sort()
+    kernels.survival_twice(confidence, buffer)
+    buffer[size:].sort()
     buffer.setflags(write=False)  # and so is every view made of it from here on
     survival = buffer[:size].reshape(gamma, num_requests).T
     _SORTED_POOLS[id(survival)] = survival

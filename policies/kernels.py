@@ -8,6 +8,7 @@ Kernels fill arrays the caller allocates rather than return new ones (boxing a n
 call about a microsecond, more than a small table's arithmetic).
 
 * :func:`survival_position_major` - prefix survivals ``a[r, j] = a[r, j - 1] * c[r, j]`` laid out [gamma, R].
+* :func:`survival_twice` - the same survivals, twice (the table and a copy to sort), for dspark's large tables.
 * :func:`descending_positive` - the positive, non-NaN values of a table in descending order (the sorted
   path's values), sorting here for small tables and reading numpy's (vectorised) sort for large ones.
 * :func:`path_throughput` - Theta after admitting 0..n entries of a sorted path.
@@ -41,6 +42,20 @@ def survival_position_major(confidence, by_position):  # [R, gamma] float64 -> f
         for j in range(gamma):
             running = running * confidence[r, j] if j else confidence[r, j]
             by_position[j, r] = running
+
+
+@numba.njit(cache=True)
+def survival_twice(confidence, buffer):  # [R, gamma] float64 -> fills buffer [2 R gamma]
+    """The survivals of :func:`survival_position_major`, position-major, written twice into ``buffer``: the table
+    (first half) and a copy to sort (second half). Position by position, so both are written in memory order."""
+    num_requests, gamma = confidence.shape
+    size = num_requests * gamma
+    for j in range(gamma):
+        start = j * num_requests
+        for r in range(num_requests):
+            value = buffer[start - num_requests + r] * confidence[r, j] if j else confidence[r, j]
+            buffer[start + r] = value
+            buffer[size + start + r] = value
 
 
 @numba.njit(cache=True)
