@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.acceptance.kernels import pcg64_standard_normals, pcg64_state
+from simulator.acceptance.kernels import pcg64_state
 from simulator.acceptance.parametric import AcceptanceModel
 from simulator.decode_set import DecodeSet
 
@@ -28,15 +28,10 @@ FIRST_AHEAD_VALUES = 256  # a new batch samples this many draft tokens' worth of
 
 
 class NormalStream:
-    """A generator's standard normals in order; the last ones served can be given back, and are served again.
-
-    Normals of numpy's default generator (PCG64) are drawn by a compiled kernel, values and state exactly numpy's
-    (:func:`simulator.acceptance.kernels.pcg64_standard_normals`).
-    """
+    """A generator's standard normals in order; the last ones served can be given back, and are served again."""
 
     def __init__(self, rng: np.random.Generator) -> None:
         self._rng = rng
-        self.pcg64_state = pcg64_state(rng)  # None: numpy draws them
         self._back = np.empty(0)  # given back: the next values of the stream
         self._last = np.empty(0)  # what the last call served
         self.num_served = 0  # normals served so far, given-back ones not counted
@@ -46,21 +41,14 @@ class NormalStream:
             raise TypeError(f"NormalStream draws a count of normals, got size={size!r}")
         back = self._back
         if not back.size:
-            served = self._draw(size)
+            served = self._rng.standard_normal(size)
         elif back.size >= size:
             served, self._back = back[:size], back[size:]
         else:
-            served, self._back = np.concatenate((back, self._draw(size - back.size))), back[:0]
+            served, self._back = np.concatenate((back, self._rng.standard_normal(size - back.size))), back[:0]
         self._last = served
         self.num_served += size
         return served
-
-    def _draw(self, size: int) -> np.ndarray:
-        if self.pcg64_state is None:
-            return self._rng.standard_normal(size)
-        drawn = np.empty(size)
-        pcg64_standard_normals(self.pcg64_state, drawn)
-        return drawn
 
     def give_back(self, count: int) -> None:
         """The last ``count`` normals of the last call were not used: serve them again, first."""
@@ -77,7 +65,7 @@ class SampleAhead:
         model.check_draft_tokens(draft_tokens)
         self.model, self.draft_tokens = model, draft_tokens
         self.stream = NormalStream(rng)
-        self._pcg64 = self.stream.pcg64_state  # None: numpy draws the normals, through the stream
+        self._pcg64 = pcg64_state(rng)  # None: numpy draws the normals, through the stream
         self._step_states = np.empty((0, 2), dtype=np.uint64)  # [K, 2] the PCG64 state after each step's draws
         self._version = -1  # the DecodeSet version the samples belong to
         self._confidence = np.empty((0, 0, draft_tokens))  # [K, R, g]

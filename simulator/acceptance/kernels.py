@@ -7,7 +7,7 @@
   compiled ``ndtr``, called per value from the kernel through its
   ``cython_special`` address (:func:`ndtr_address`), or the ufunc
   ``scipy.special.ndtr`` over the block afterwards: the same function either way.
-* :func:`pcg64_standard_normals` draws what ``Generator.standard_normal`` draws
+* :func:`pcg64_latent_steps` draws what ``Generator.standard_normal`` draws
   from a PCG64 bit generator (numpy's default): the same 128-bit LCG and XSL-RR
   output, numpy's ziggurat with its tables and branches, reading and advancing
   the generator's own state in place - the same values and the same state
@@ -29,7 +29,7 @@ from numba.extending import get_cython_function_address, intrinsic
 from numba.np.random._constants import fi_double, ki_double, wi_double, ziggurat_nor_inv_r, ziggurat_nor_r
 from scipy.special import cython_special, ndtr
 
-__all__ = ["draws_numpys_normals", "latent_steps", "ndtr_address", "pcg64_latent_steps", "pcg64_standard_normals",
+__all__ = ["draws_numpys_normals", "latent_steps", "ndtr_address", "observed_normals", "pcg64_latent_steps",
            "pcg64_state"]
 
 
@@ -117,12 +117,13 @@ def latent_steps(draws: np.ndarray, table: np.ndarray, rows: np.ndarray, ease: n
 
 
 @numba.njit(cache=True)
-def pcg64_latent_steps(state: np.ndarray, step_states: np.ndarray, draws: np.ndarray, table: np.ndarray,
-                       rows: np.ndarray, ease: np.ndarray, request_spread: float, step_spread: float,
-                       num_draft_tokens: int, confidence: np.ndarray, accepted: np.ndarray, normal_cdf: int) -> None:
-    """:func:`latent_steps` drawing each step's normals here, into ``draws`` [2 R g + R], from the PCG64 state
-    [4] uint64 (see :func:`pcg64_state`, advanced in place) as :func:`pcg64_standard_normals` does; ``step_states``
-    [K, 2] uint64 gets the LCG state (low, high) after each step's draws (to rewind to, for steps not used)."""
+def pcg64_latent_steps(state: np.ndarray, step_states: np.ndarray, table: np.ndarray, rows: np.ndarray,
+                       ease: np.ndarray, request_spread: float, step_spread: float, num_draft_tokens: int,
+                       confidence: np.ndarray, accepted: np.ndarray, normal_cdf: int) -> None:
+    """:func:`latent_steps` drawing each step's 2 R g + R normals here, in numpy's order and with numpy's values,
+    from the PCG64 state [4] uint64 (see :func:`pcg64_state`, advanced in place); ``step_states`` [K, 2] uint64
+    gets the LCG state (low, high) after each step's draws (to rewind to, for steps not used)."""
+    draws = np.empty(accepted.shape[1] * (2 * num_draft_tokens + 1))
     low, high, inc_low, inc_high = state[0], state[1], state[2], state[3]
     for k in range(accepted.shape[0]):
         for i in range(draws.size):
@@ -133,11 +134,6 @@ def pcg64_latent_steps(state: np.ndarray, step_states: np.ndarray, draws: np.nda
     state[0], state[1] = low, high
     if normal_cdf:
         _apply_cdf(confidence.reshape(-1), normal_cdf)
-
-
-@numba.njit(cache=True)
-def _normal_cdf_each(values: np.ndarray, normal_cdf: int) -> None:
-    _apply_cdf(values, normal_cdf)
 
 
 @functools.cache
@@ -158,9 +154,16 @@ def ndtr_address() -> int:
     spread = np.repeat([0.5, 2.0, 8.0, 30.0], 12_500)
     values = np.concatenate((np.random.default_rng(0).standard_normal(spread.size) * spread,
                              [0.0, -0.0, np.inf, -np.inf, 5e-324, -40.0, 40.0, np.sqrt(2.0), -np.sqrt(2.0)]))
-    got = values.copy()
-    _normal_cdf_each(got, address)
-    return address if np.array_equal(got.view(np.uint64), ndtr(values).view(np.uint64)) else 0
+    # Through the sampling kernel itself: one class per value, probit = mu exactly (every other term is zero).
+    table = np.zeros((values.size, 5, 1))
+    table[:, 0, 0], table[:, 3, 0] = values, 1.0
+    got = np.empty((1, values.size, 1))
+    words = _state_words(np.random.default_rng(0))
+    if words is None:
+        return 0
+    pcg64_latent_steps(words, np.empty((1, 2), dtype=np.uint64), table, np.arange(values.size), np.zeros(values.size),
+                       0.0, 0.0, 1, got, np.empty((1, values.size), dtype=np.int64), address)
+    return address if np.array_equal(got.ravel().view(np.uint64), ndtr(values).view(np.uint64)) else 0
 
 
 # ---------------------------------------------------------------------------------- numpy's normals from PCG64
@@ -205,6 +208,23 @@ def _next_uint64(low, high, inc_low, inc_high):
     return low, high, (value >> rotation) | (value << ((_U64 - rotation) & _U63))
 
 
+@numba.njit(cache=True)
+def _normal_rare(low, high, inc_low, inc_high, idx, rabs, x):
+    """The ziggurat's rare branches (the tail for box 0, a wedge otherwise) for a draw outside its box -> (whether
+    it gives a normal, the normal, new low, new high); out of line, so that the common path stays small."""
+    if idx == 0:
+        while True:
+            low, high, bits = _next_uint64(low, high, inc_low, inc_high)
+            xx = -_NOR_INV_R * np.log1p(-((bits >> _U11) * _TO_UNIT))
+            low, high, bits = _next_uint64(low, high, inc_low, inc_high)
+            yy = -np.log1p(-((bits >> _U11) * _TO_UNIT))
+            if yy + yy > xx * xx:
+                return True, (-(_NOR_R + xx) if (rabs >> _U8) & _ONE else _NOR_R + xx), low, high
+    low, high, bits = _next_uint64(low, high, inc_low, inc_high)
+    accept = (_FI[idx - 1] - _FI[idx]) * ((bits >> _U11) * _TO_UNIT) + _FI[idx] < np.exp(-0.5 * x * x)
+    return accept, x, low, high
+
+
 @numba.njit(cache=True, inline="always")
 def _standard_normal(low, high, inc_low, inc_high):
     """numpy's ``random_standard_normal`` (distributions.c), operation for operation -> (the normal, new low, new
@@ -220,28 +240,13 @@ def _standard_normal(low, high, inc_low, inc_high):
             x = -x
         if rabs < _KI[idx]:
             return x, low, high  # 99.3% of the draws
-        if idx == 0:
-            while True:
-                low, high, bits = _next_uint64(low, high, inc_low, inc_high)
-                xx = -_NOR_INV_R * np.log1p(-((bits >> _U11) * _TO_UNIT))
-                low, high, bits = _next_uint64(low, high, inc_low, inc_high)
-                yy = -np.log1p(-((bits >> _U11) * _TO_UNIT))
-                if yy + yy > xx * xx:
-                    return (-(_NOR_R + xx) if (rabs >> _U8) & _ONE else _NOR_R + xx), low, high
-        else:
-            low, high, bits = _next_uint64(low, high, inc_low, inc_high)
-            if (_FI[idx - 1] - _FI[idx]) * ((bits >> _U11) * _TO_UNIT) + _FI[idx] < np.exp(-0.5 * x * x):
-                return x, low, high
+        done, x, low, high = _normal_rare(low, high, inc_low, inc_high, idx, rabs, x)
+        if done:
+            return x, low, high
 
 
-@numba.njit(cache=True)
-def pcg64_standard_normals(state: np.ndarray, out: np.ndarray) -> None:
-    """Fill ``out`` [n] with the next n standard normals of the PCG64 whose state [4] uint64 (see
-    :func:`pcg64_state`) is given, advancing it in place."""
-    low, high, inc_low, inc_high = state[0], state[1], state[2], state[3]
-    for i in range(out.size):
-        out[i], low, high = _standard_normal(low, high, inc_low, inc_high)
-    state[0], state[1] = low, high
+class _StateMemory(ctypes.c_uint64 * 4):  # a ctypes array that can hold a reference to its generator
+    pass
 
 
 def _state_words(generator: np.random.Generator) -> np.ndarray | None:
@@ -254,33 +259,56 @@ def _state_words(generator: np.random.Generator) -> np.ndarray | None:
     address = ctypes.c_void_p.from_address(bit_generator.ctypes.state_address).value
     if not address:
         return None
-    words = np.ctypeslib.as_array((ctypes.c_uint64 * 4).from_address(address))
+    memory = _StateMemory.from_address(address)
+    memory.generator = generator  # the view keeps the generator, whose memory it is, alive
+    words = np.ctypeslib.as_array(memory)
     reported = bit_generator.state["state"]
     mask = (1 << 64) - 1
     expected = [reported["state"] & mask, reported["state"] >> 64, reported["inc"] & mask, reported["inc"] >> 64]
     return words if [int(w) for w in words] == expected else None
 
 
+def observed_normals(words: np.ndarray, observe: int, num_steps: int = 40, num_requests: int = 50,
+                     gamma: int = 7) -> np.ndarray:
+    """Draws of :func:`pcg64_latent_steps` made visible (its output is then the draws themselves): n0
+    (``observe`` 0), n1 (1) or the steps' shifts (2, repeated over the positions) -> [K, R, g]. For the checks."""
+    table = np.zeros((1, 5, gamma))
+    table[0, 3] = 1.0  # probit = (mu + shift + l0 n0 + l1 n1) * 1, every term zero but the observed one
+    if observe < 2:
+        table[0, 1 + observe] = 1.0
+    confidence = np.empty((num_steps, num_requests, gamma))
+    pcg64_latent_steps(words, np.empty((num_steps, 2), dtype=np.uint64), table, np.zeros(num_requests, dtype=np.int64),
+                       np.zeros(num_requests), 0.0, 1.0 if observe == 2 else 0.0, gamma, confidence,
+                       np.empty((num_steps, num_requests), dtype=np.int64), 0)
+    return confidence
+
+
 @functools.cache
 def draws_numpys_normals() -> bool:
-    """Whether :func:`pcg64_standard_normals` gives numpy's values and leaves numpy's state (checked once, on
-    enough draws to take every branch of the ziggurat)."""
-    for seed in (0, 12345):
-        numpy_rng, kernel_rng = np.random.default_rng(seed), np.random.default_rng(seed)
+    """Whether :func:`pcg64_latent_steps` draws numpy's normals and leaves numpy's state: checked once, on every
+    kind of draw (n0, n1, the shifts: 90,000 normals, enough to take every branch of the ziggurat)."""
+    num_steps, num_requests, gamma = 40, 50, 7
+    for observe in range(3):
+        numpy_rng, kernel_rng = np.random.default_rng(observe), np.random.default_rng(observe)
         words = _state_words(kernel_rng)
         if words is None:
             return False
-        want, got = numpy_rng.standard_normal(100_000), np.empty(100_000)
-        pcg64_standard_normals(words, got)
-        if not (np.array_equal(want.view(np.uint64), got.view(np.uint64))
+        got = observed_normals(words, observe, num_steps, num_requests, gamma)
+        size = num_requests * gamma
+        draws = numpy_rng.standard_normal(num_steps * (2 * size + num_requests)).reshape(num_steps, -1)
+        if observe < 2:
+            want = draws[:, observe * size:(observe + 1) * size].reshape(num_steps, num_requests, gamma)
+        else:
+            want = np.repeat(draws[:, 2 * size:], gamma, axis=1).reshape(num_steps, num_requests, gamma)
+        if not (np.array_equal(got.view(np.uint64), want.view(np.uint64))
                 and numpy_rng.bit_generator.state == kernel_rng.bit_generator.state):
             return False
     return True
 
 
 def pcg64_state(generator: np.random.Generator) -> np.ndarray | None:
-    """The state :func:`pcg64_standard_normals` draws ``generator``'s normals from (a view of its memory: draws
+    """The state :func:`pcg64_latent_steps` draws ``generator``'s normals from (a view of its memory: draws
     of either kind advance both), or None when numpy must draw them: another bit generator, or a numpy whose
-    PCG64 or ziggurat this kernel does not reproduce. The view is valid while ``generator`` lives."""
+    PCG64 or ziggurat this kernel does not reproduce. The view keeps ``generator`` alive."""
     words = _state_words(generator)
     return words if words is not None and draws_numpys_normals() else None

@@ -295,8 +295,8 @@ class AcceptanceModel:
         confidence = np.empty((num_steps, num_requests, g))
         accepted = np.empty((num_steps, num_requests), dtype=np.int64)
         cdf = ndtr_address()
-        pcg64_latent_steps(state, step_states, np.empty(num_requests * (2 * g + 1)), table, rows, z,
-                           self._request_spread, self._step_spread, g, confidence, accepted, cdf)
+        pcg64_latent_steps(state, step_states, table, rows, z, self._request_spread, self._step_spread, g, confidence,
+                           accepted, cdf)
         return self._confidences(confidence, cdf), accepted
 
     def _confidences(self, confidence: np.ndarray, cdf_applied: int) -> np.ndarray:
