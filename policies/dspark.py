@@ -26,6 +26,7 @@ import numpy as np
 from policies import kernels
 from policies.base import (
     FLOAT64,
+    SMALL_TABLE_ENTRIES,
     CostCurve,
     Decision,
     Objective,
@@ -115,7 +116,7 @@ class DSpark(PolicyTraits):
                         smoothed=smoothed)
 
 
-ONE_CALL_ENTRIES = 128  # tables of at most this many survivals are decided in one kernel call (sorted there)
+ONE_CALL_ENTRIES = SMALL_TABLE_ENTRIES  # tables of at most this many survivals: decided in one kernel call
 
 # Pools made by _sorted_survival, by id, the newest last; each one's buffer holds the pool, then its sorted values.
 # Held here (so an id cannot be reused while listed), the oldest dropped past SORTED_POOLS_KEPT: a pool is used two

@@ -8,6 +8,7 @@ Kernels fill arrays the caller allocates rather than return new ones (boxing a n
 call about a microsecond, more than a small table's arithmetic).
 
 * :func:`survival_position_major` - prefix survivals ``a[r, j] = a[r, j - 1] * c[r, j]`` laid out [gamma, R].
+* :func:`ascending_small` - a small table's values sorted (numpy's order), cheap to compile.
 * :func:`survival_twice` - the same survivals, twice (the table and a copy to sort), for dspark's large tables.
 * :func:`descending_positive` - the positive, non-NaN values of a table in descending order (the sorted
   path's values), sorting here for small tables and reading numpy's (vectorised) sort for large ones.
@@ -45,6 +46,23 @@ def survival_position_major(confidence, by_position):  # [R, gamma] float64 -> f
 
 
 @numba.njit(cache=True)
+def ascending_small(values):  # [n] float64 -> [n], for small tables
+    """``np.sort(values)`` (ascending, NaN last) by insertion: the same values in the same order (equal values are
+    interchangeable), quadratic but quick for the few dozen survivals of a small table, and far cheaper to compile
+    than numba's ``np.sort`` (which a run would otherwise compile at its start)."""
+    out = np.empty(values.size)
+    for n in range(values.size):
+        value = values[n]
+        i = n
+        if value == value:  # a NaN stays last; any other value goes before every larger value and NaN
+            while i > 0 and not out[i - 1] <= value:
+                out[i] = out[i - 1]
+                i -= 1
+        out[i] = value
+    return out
+
+
+@numba.njit(cache=True)
 def survival_twice(confidence, buffer):  # [R, gamma] float64 -> fills buffer [2 R gamma]
     """The survivals of :func:`survival_position_major`, position-major, written twice into ``buffer``: the table
     (first half) and a copy to sort (second half). Position by position, so both are written in memory order."""
@@ -63,9 +81,10 @@ def descending_positive(values, presorted):  # [N] float64 -> ([n] float64, bool
     """The entries > 0 of ``values`` in descending order and whether ``values`` is free of NaN.
 
     ``presorted``: ``values`` is already in ascending order (NaN last, as numpy sorts); otherwise it is
-    sorted here (numba's sort, also NaN last). NaN entries are dropped, like every non-positive one.
+    sorted here (:func:`ascending_small`, also NaN last: small tables only). NaN entries are dropped, like every
+    non-positive one.
     """
-    ascending = values if presorted else np.sort(values)
+    ascending = values if presorted else ascending_small(values)
     top = ascending.size
     while top > 0 and ascending[top - 1] != ascending[top - 1]:  # NaN
         top -= 1
@@ -108,7 +127,7 @@ def best_prefix_on_path(values, presorted, num_requests, sps, objective, draft_s
     The same numbers as ``path_throughput(descending_positive(values))`` followed by ``argmax`` (which
     returns the first NaN when there is one), without building either array.
     """
-    ascending = values if presorted else np.sort(values)
+    ascending = values if presorted else ascending_small(values)
     top = ascending.size
     while top > 0 and ascending[top - 1] != ascending[top - 1]:  # NaN: not on the path
         top -= 1
@@ -159,7 +178,7 @@ def lengths_from_kth(by_position, k, kth, select, lengths):  # [gamma, R] -> boo
                 if value != value:
                     return False
                 flat[j * num_requests + r] = value
-        kth = np.sort(flat)[flat.size - k]
+        kth = ascending_small(flat)[flat.size - k]
     at_or_above = 0
     positive = 0
     for j in range(gamma):  # counts, and the lengths the bound kth admits (the answer in both common cases)

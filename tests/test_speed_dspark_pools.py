@@ -46,8 +46,8 @@ def test_decisions_over_steps_equal_the_general_helpers(staleness, objective, bu
     cost = CostCurve(batch_tokens=np.array([1, 300, 3000]), steps_per_s=np.array([60.0, 55.0, 9.0]), draft_s=0.002)
     memory, carried = PolicyMemory(), 0
     for step in range(40):
-        # Batches of every size in turn: one-call tables (<= 128 survivals) and sorted, carried pools (above).
-        num_requests = int(rng.choice([1, 3, 15, 18, 40, 120]))
+        # Batches of every size in turn: one-call tables (<= 48 survivals) and sorted, carried pools (above).
+        num_requests = int(rng.choice([1, 3, 6, 7, 18, 40, 120]))
         confidence = confidences(rng, num_requests, 7)
         if step % 9 == 8:
             confidence[0, 3] = np.nan  # a NaN: numpy's order decides

@@ -46,7 +46,7 @@ def _call_cdf(typingctx, address, x):
     return types.float64(types.int64, types.float64), codegen
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _latent_step(step, table, rows, ease, request_spread, step_spread, num_draft_tokens, probit, accepted):
     """One step of :func:`latent_steps`: ``step`` [2 R g + R] its draws, ``probit`` [R, g], ``accepted`` [R]."""
     num_requests, g = accepted.size, num_draft_tokens
@@ -66,7 +66,7 @@ def _latent_step(step, table, rows, ease, request_spread, step_spread, num_draft
         accepted[r] = count
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _apply_cdf(values, normal_cdf):
     """``values[i] = ndtr(values[i])`` for every i, with scipy's compiled ndtr at ``normal_cdf``. The values are
     copied into three contiguous groups by the branch ndtr takes for them (|x| >= sqrt 2, else x >= 0, else
@@ -122,18 +122,74 @@ def pcg64_latent_steps(state: np.ndarray, step_states: np.ndarray, table: np.nda
                        confidence: np.ndarray, accepted: np.ndarray, normal_cdf: int) -> None:
     """:func:`latent_steps` drawing each step's 2 R g + R normals here, in numpy's order and with numpy's values,
     from the PCG64 state [4] uint64 (see :func:`pcg64_state`, advanced in place); ``step_states`` [K, 2] uint64
-    gets the LCG state (low, high) after each step's draws (to rewind to, for steps not used)."""
-    draws = np.empty(accepted.shape[1] * (2 * num_draft_tokens + 1))
+    gets the LCG state (low, high) after each step's draws (to rewind to, for steps not used).
+
+    One function, the helpers of :func:`latent_steps` written out in it: each compiled function adds to the cold
+    start of a run (this kernel is the one every engine uses).
+    """
+    num_steps, num_requests = accepted.shape
+    g = num_draft_tokens
+    size = num_requests * g
+    draws = np.empty(2 * size + num_requests)
     low, high, inc_low, inc_high = state[0], state[1], state[2], state[3]
-    for k in range(accepted.shape[0]):
+    for k in range(num_steps):
         for i in range(draws.size):
-            draws[i], low, high = _standard_normal(low, high, inc_low, inc_high)
+            # numpy's random_standard_normal (distributions.c), operation for operation; the state stays in
+            # registers, the rare branches are out of line.
+            while True:
+                low, high = _lcg_step(low, high, inc_low, inc_high)
+                mixed, rotation = high ^ low, high >> _U58
+                bits = (mixed >> rotation) | (mixed << ((_U64 - rotation) & _U63))  # PCG64's XSL-RR output
+                idx = np.intp(bits & _BYTE)
+                bits >>= _U8
+                rabs = (bits >> _ONE) & _MANTISSA
+                x = rabs * _WI[idx]
+                if bits & _ONE:
+                    x = -x
+                if rabs < _KI[idx]:
+                    break  # 99.3% of the draws
+                done, x, low, high = _normal_rare(low, high, inc_low, inc_high, idx, rabs, x)
+                if done:
+                    break
+            draws[i] = x
         step_states[k, 0], step_states[k, 1] = low, high
-        _latent_step(draws, table, rows, ease, request_spread, step_spread, num_draft_tokens, confidence[k],
-                     accepted[k])
+        for r in range(num_requests):  # as _latent_step
+            row = rows[r]
+            shift = request_spread * ease[r] + step_spread * draws[2 * size + r]
+            count = g
+            for j in range(g):
+                n0 = draws[r * g + j]
+                base = table[row, 0, j] + shift
+                if count == g and table[row, 4, j] * n0 + base <= 0.0:
+                    count = j
+                value = base + table[row, 1, j] * n0
+                value = value + table[row, 2, j] * draws[size + r * g + j]
+                confidence[k, r, j] = value * table[row, 3, j]
+            accepted[k, r] = count
     state[0], state[1] = low, high
-    if normal_cdf:
-        _apply_cdf(confidence.reshape(-1), normal_cdf)
+    if not normal_cdf:
+        return
+    values = confidence.reshape(-1)  # as _apply_cdf
+    order = np.empty((3, values.size), dtype=np.int64)
+    grouped = np.empty((3, values.size))
+    inner = negative = wide = 0  # counted in registers, by arithmetic, not branches: nothing to mispredict here
+    for i in range(values.size):
+        x = values[i]
+        is_wide = np.int64(abs(x) >= 1.4142135623730951)
+        is_negative = np.int64(x < 0.0) * (1 - is_wide)
+        is_inner = 1 - is_wide - is_negative
+        n = wide * is_wide + negative * is_negative + inner * is_inner
+        order[2 * is_wide + is_negative, n] = i
+        grouped[2 * is_wide + is_negative, n] = x
+        wide += is_wide
+        negative += is_negative
+        inner += is_inner
+    counts = (inner, negative, wide)
+    for group in range(3):
+        for n in range(counts[group]):
+            grouped[group, n] = _call_cdf(normal_cdf, grouped[group, n])
+        for n in range(counts[group]):
+            values[order[group, n]] = grouped[group, n]
 
 
 @functools.cache
@@ -199,7 +255,7 @@ def _lcg_step(typingctx, low, high, inc_low, inc_high):
     return signature, codegen
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
 def _next_uint64(low, high, inc_low, inc_high):
     """One step of the generator whose LCG state is (low, high) -> (new low, new high, its 64-bit output)."""
     low, high = _lcg_step(low, high, inc_low, inc_high)
@@ -211,7 +267,8 @@ def _next_uint64(low, high, inc_low, inc_high):
 @numba.njit(cache=True)
 def _normal_rare(low, high, inc_low, inc_high, idx, rabs, x):
     """The ziggurat's rare branches (the tail for box 0, a wedge otherwise) for a draw outside its box -> (whether
-    it gives a normal, the normal, new low, new high); out of line, so that the common path stays small."""
+    it gives a normal, the normal, new low, new high); out of line, so that the common path stays small. A
+    uniform ``next_double`` is ``(bits >> 11) * 2^-53``."""
     if idx == 0:
         while True:
             low, high, bits = _next_uint64(low, high, inc_low, inc_high)
@@ -223,26 +280,6 @@ def _normal_rare(low, high, inc_low, inc_high, idx, rabs, x):
     low, high, bits = _next_uint64(low, high, inc_low, inc_high)
     accept = (_FI[idx - 1] - _FI[idx]) * ((bits >> _U11) * _TO_UNIT) + _FI[idx] < np.exp(-0.5 * x * x)
     return accept, x, low, high
-
-
-@numba.njit(cache=True, inline="always")
-def _standard_normal(low, high, inc_low, inc_high):
-    """numpy's ``random_standard_normal`` (distributions.c), operation for operation -> (the normal, new low, new
-    high); a uniform ``next_double`` is ``(bits >> 11) * 2^-53``. The state stays in registers, not memory."""
-    while True:
-        low, high, bits = _next_uint64(low, high, inc_low, inc_high)
-        idx = np.intp(bits & _BYTE)
-        bits >>= _U8
-        sign = bits & _ONE
-        rabs = (bits >> _ONE) & _MANTISSA
-        x = rabs * _WI[idx]
-        if sign:
-            x = -x
-        if rabs < _KI[idx]:
-            return x, low, high  # 99.3% of the draws
-        done, x, low, high = _normal_rare(low, high, inc_low, inc_high, idx, rabs, x)
-        if done:
-            return x, low, high
 
 
 class _StateMemory(ctypes.c_uint64 * 4):  # a ctypes array that can hold a reference to its generator
