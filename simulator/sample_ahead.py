@@ -6,19 +6,17 @@ per-call overhead, not the numbers. While the decoding requests stay the same,
 (:meth:`~simulator.acceptance.parametric.AcceptanceModel.sample_steps`) and
 hands them out one per step, doubling K while the batch lasts. When the batch
 changes, the draws of the steps not handed out are taken back: every step sees
-exactly the values, from exactly the draws, of sampling step by step. With
-numpy's default generator (PCG64) the normals are drawn inside the sampling
-kernel and taking them back rewinds the generator to its state after the last
-step handed out (:func:`~simulator.acceptance.kernels.pcg64_latent_steps`);
-with any other, they go back to a :class:`NormalStream`, which serves them
-again first.
+exactly the values, from exactly the draws, of sampling step by step: the
+normals go back to a :class:`NormalStream`, which serves them again first. Its
+fresh normals are the generator's own, drawn by numba where that is exact
+(:func:`~simulator.acceptance.kernels.standard_normals`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from simulator.acceptance.kernels import pcg64_state
+from simulator.acceptance.kernels import standard_normals
 from simulator.acceptance.parametric import AcceptanceModel
 from simulator.decode_set import DecodeSet
 
@@ -41,11 +39,11 @@ class NormalStream:
             raise TypeError(f"NormalStream draws a count of normals, got size={size!r}")
         back = self._back
         if not back.size:
-            served = self._rng.standard_normal(size)
+            served = standard_normals(self._rng, size)
         elif back.size >= size:
             served, self._back = back[:size], back[size:]
         else:
-            served, self._back = np.concatenate((back, self._rng.standard_normal(size - back.size))), back[:0]
+            served, self._back = np.concatenate((back, standard_normals(self._rng, size - back.size))), back[:0]
         self._last = served
         self.num_served += size
         return served
@@ -65,8 +63,6 @@ class SampleAhead:
         model.check_draft_tokens(draft_tokens)
         self.model, self.draft_tokens = model, draft_tokens
         self.stream = NormalStream(rng)
-        self._pcg64 = pcg64_state(rng)  # None: numpy draws the normals, through the stream
-        self._step_states = np.empty((0, 2), dtype=np.uint64)  # [K, 2] the PCG64 state after each step's draws
         self._version = -1  # the DecodeSet version the samples belong to
         self._confidence = np.empty((0, 0, draft_tokens))  # [K, R, g]
         self._accepted = np.empty((0, 0), dtype=np.int64)  # [K, R]
@@ -92,21 +88,12 @@ class SampleAhead:
         """The steps sampled but not handed out will not be: their draws are the next ones again."""
         if self._next == count:
             return
-        if self._pcg64 is None:
-            self.stream.give_back((count - self._next) * self._draws_per_step)
-        else:  # every step handed out so far (at least the first of the block) left the state it ends in
-            self._pcg64[:2] = self._step_states[self._next - 1]
+        self.stream.give_back((count - self._next) * self._draws_per_step)
 
     def _sample(self, decode: DecodeSet, num_steps: int) -> None:
         if decode.version != self._version:  # what the model needs of the batch: once per batch
             self._batch = self.model.batch_rows(decode.domain_idx, decode.difficulty)
             self._version, self._draws_per_step = decode.version, decode.size * (2 * self.draft_tokens + 1)
-        if self._pcg64 is None:
-            self._confidence, self._accepted = self.model.draw_steps(
-                self.stream, self._batch, self.draft_tokens, num_steps)  # type: ignore[arg-type]
-        else:
-            if self._step_states.shape[0] < num_steps:
-                self._step_states = np.empty((max(num_steps, MAX_AHEAD_STEPS), 2), dtype=np.uint64)
-            self._confidence, self._accepted = self.model.draw_steps_pcg64(
-                self._pcg64, self._step_states[:num_steps], self._batch, self.draft_tokens)
+        self._confidence, self._accepted = self.model.draw_steps(
+            self.stream, self._batch, self.draft_tokens, num_steps)  # type: ignore[arg-type]
         self._next = 0

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.special import expit, ndtr, ndtri
 
 from simulator.acceptance.curves import AcceptanceCurve
-from simulator.acceptance.kernels import latent_steps, ndtr_address, pcg64_latent_steps
+from simulator.acceptance.kernels import latent_steps, ndtr_address
 from simulator.acceptance.latent import DifficultySpec, fit_latent
 from simulator.acceptance.preset_file import AcceptancePreset, PresetError
 from simulator.acceptance.presets import load_preset
@@ -282,21 +282,6 @@ class AcceptanceModel:
         accepted = np.empty((num_steps, num_requests), dtype=np.int64)
         cdf = ndtr_address()  # scipy's ndtr inside the kernel, or (0) the ufunc afterwards
         latent_steps(draws, table, rows, z, self._request_spread, self._step_spread, g, confidence, accepted, cdf)
-        return self._confidences(confidence, cdf), accepted
-
-    def draw_steps_pcg64(self, state: np.ndarray, step_states: np.ndarray,
-                         batch: tuple[np.ndarray, np.ndarray, np.ndarray], num_draft_tokens: int
-                         ) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`draw_steps` for K = ``len(step_states)`` steps, the normals drawn inside the kernel from the state
-        of a PCG64 generator (:func:`simulator.acceptance.kernels.pcg64_state`); ``step_states`` [K, 2] gets that
-        state after each step's draws (see :func:`simulator.acceptance.kernels.pcg64_latent_steps`)."""
-        table, rows, z = batch
-        g, num_requests, num_steps = num_draft_tokens, rows.shape[0], step_states.shape[0]
-        confidence = np.empty((num_steps, num_requests, g))
-        accepted = np.empty((num_steps, num_requests), dtype=np.int64)
-        cdf = ndtr_address()
-        pcg64_latent_steps(state, step_states, table, rows, z, self._request_spread, self._step_spread, g, confidence,
-                           accepted, cdf)
         return self._confidences(confidence, cdf), accepted
 
     def _confidences(self, confidence: np.ndarray, cdf_applied: int) -> np.ndarray:
