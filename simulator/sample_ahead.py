@@ -75,7 +75,7 @@ class SampleAhead:
         """Confidences [R, g] and accepted draft counts [R] of the decoding requests' next step."""
         count = self._accepted.shape[0]
         if decode.version != self._version:  # few requests: a few steps cost what one does
-            self._take_back(count)
+            self.stream.give_back((count - self._next) * self._draws_per_step)  # steps not handed out
             self._sample(decode, max(1, min(8, FIRST_AHEAD_VALUES // max(decode.size * self.draft_tokens, 1))))
         elif self._next == count:
             limit = max(1, MAX_AHEAD_VALUES // max(decode.size * self.draft_tokens, 1))
@@ -83,12 +83,6 @@ class SampleAhead:
         step = self._next
         self._next += 1
         return self._confidence[step], self._accepted[step]
-
-    def _take_back(self, count: int) -> None:
-        """The steps sampled but not handed out will not be: their draws are the next ones again."""
-        if self._next == count:
-            return
-        self.stream.give_back((count - self._next) * self._draws_per_step)
 
     def _sample(self, decode: DecodeSet, num_steps: int) -> None:
         if decode.version != self._version:  # what the model needs of the batch: once per batch

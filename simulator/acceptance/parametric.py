@@ -282,16 +282,11 @@ class AcceptanceModel:
         accepted = np.empty((num_steps, num_requests), dtype=np.int64)
         cdf = ndtr_address()  # scipy's ndtr inside the kernel, or (0) the ufunc afterwards
         latent_steps(draws, table, rows, z, self._request_spread, self._step_spread, g, confidence, accepted, cdf)
-        return self._confidences(confidence, cdf), accepted
-
-    def _confidences(self, confidence: np.ndarray, cdf_applied: int) -> np.ndarray:
-        """The head's confidences [K, R, g] from the kernels' output (probits when no CDF was applied there)."""
-        if not cdf_applied:
+        if not cdf:
             ndtr(confidence, out=confidence)
         if not self.confidence_spec.calibrated:
-            num_steps, num_requests, g = confidence.shape
             confidence = self.raw(confidence.reshape(-1, g)).reshape(num_steps, num_requests, g)
-        return confidence
+        return confidence, accepted
 
     def raw(self, calibrated: np.ndarray) -> np.ndarray:
         """The raw head's confidences [R, g] for calibrated ones (see the module docstring)."""
