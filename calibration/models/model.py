@@ -147,7 +147,7 @@ class VarlenBatch:
     positions: Tensor  # [T] absolute position of each token
     token_slots: Tensor  # [T]
     pad_index: Tensor  # [R, Qmax] flat token index of (request, query row); 0 on padding
-    valid: Tensor  # [R, Qmax] bool, real query rows
+    valid_rows: Tensor  # [T] flat index of each real query row in R x Qmax (a gather, no host sync: graph capture)
     mask: Tensor  # [R, 1, Qmax, L] bool, key visible to query
     max_len: int  # L = max over requests of cache_len + query_len
     query_lens: Tensor  # [R] (host)
@@ -176,7 +176,8 @@ class VarlenBatch:
         return VarlenBatch(
             slots=slots.to(device), contiguous=contiguous, positions=query_pos[valid].to(device),
             token_slots=slots.repeat_interleave(query_lens).to(device), pad_index=pad_index.to(device),
-            valid=valid.to(device), mask=mask[:, None].to(device), max_len=max_len, query_lens=query_lens,
+            valid_rows=valid.flatten().nonzero().flatten().to(device),
+            mask=mask[:, None].to(device), max_len=max_len, query_lens=query_lens,
             first_slot=int(slots[0]))
 
     def cached(self, cache: Tensor) -> Tensor:
@@ -213,7 +214,7 @@ def varlen_attention(attn: Attention, x: Tensor, batch: VarlenBatch | MixedBatch
         start += part.positions.numel()
         q_pad = part_q[part.pad_index].transpose(1, 2)  # [R, Hq, Qmax, d]
         out = attend(q_pad, part.cached(cache_k), part.cached(cache_v), part.mask)  # [R, Hq, Qmax, d]
-        outs.append(out.transpose(1, 2)[part.valid].flatten(1))  # [T_part, Hq * d]
+        outs.append(out.transpose(1, 2).flatten(2).flatten(0, 1)[part.valid_rows])  # [T_part, Hq * d]
     return attn.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))  # [T, h]
 
 

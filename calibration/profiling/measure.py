@@ -44,8 +44,10 @@ from calibration.models import checkpoints
 from calibration.models.drafters import Drafter, build_drafter
 from calibration.models.model import Verifier, build_verifier
 from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.graphs import cuda_graphs_note, graph_call, graph_tables
 from calibration.profiling.loop_costs import with_loop_costs
-from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, cuda_graphs_note
+from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points
+from calibration.profiling.memory import fit_requests, kv_slots_that_fit
 from calibration.profiling.profile_file import (
     DraftTable,
     PerRequestTable,
@@ -89,6 +91,7 @@ class ProfileConfig:
     format_version: int = 1
     context_axes: ContextAxes | None = None
     probe_context: int | None = None  # context of the padding and per-request probes (None: the largest)
+    cuda_graph_tokens: int | None = None  # version 2 on CUDA: dense verify table as graph replay up to this B
 
     def __post_init__(self) -> None:
         if self.format_version not in (1, 2):
@@ -98,6 +101,11 @@ class ProfileConfig:
         if self.context_axes is not None and self.context_axes.contexts != self.context_tokens:
             raise ValueError(f"context_tokens {self.context_tokens} must be the context axis "
                              f"{self.context_axes.contexts} in version 2")
+        if self.cuda_graph_tokens is not None and not (
+                self.format_version == 2 and self.device.startswith("cuda") and self.cuda_graph_tokens in
+                self.batch_tokens and self.cuda_graph_tokens < self.batch_tokens[-1]):
+            raise ValueError(f"cuda_graph_tokens {self.cuda_graph_tokens} needs version 2, a CUDA device and a batch "
+                             f"size of the verify grid below its end ({self.batch_tokens[-1]})")
 
     @property
     def verify_contexts(self) -> tuple[int, ...]:
@@ -107,6 +115,12 @@ class ProfileConfig:
     @property
     def probe_context_tokens(self) -> int:
         return max(self.context_tokens) if self.probe_context is None else self.probe_context
+
+    @property
+    def captured_tokens(self) -> tuple[int, ...]:
+        """The batch sizes captured as CUDA graphs (none without ``cuda_graph_tokens``)."""
+        cap = self.cuda_graph_tokens
+        return () if cap is None else tuple(b for b in self.batch_tokens if b <= cap)
 
 
 def batch_grid(max_batch_tokens: int, grid: str) -> list[int]:
@@ -121,28 +135,6 @@ def batch_grid(max_batch_tokens: int, grid: str) -> list[int]:
     return sorted({p for p in points if p <= max_batch_tokens} | {max_batch_tokens})
 
 
-def kv_slots_that_fit(cfg: ProfileConfig, model: Verifier, device: torch.device, context: int) -> int | None:
-    """How many requests' KV caches at ``context`` fit the budget (None: no budget, e.g. on CPU)."""
-    budget = cfg.kv_budget_bytes
-    if budget is None and device.type == "cuda":
-        budget = 0.6 * torch.cuda.mem_get_info(device)[0]
-    if budget is None:
-        return None
-    tokens = context + max(cfg.query_tokens, max(cfg.draft_tokens)) + 1
-    return int(budget // (tokens * model.s.kv_bytes_per_token / 2 * model.embed.weight.element_size()))
-
-
-def _fit_requests(cfg: ProfileConfig, max_slots: int | None) -> tuple[ProfileConfig, int | None]:
-    """Drop request counts whose KV cache at the largest context exceeds the memory budget."""
-    if max_slots is None or cfg.num_requests[-1] <= max_slots:
-        return cfg, None
-    fits = tuple(r for r in cfg.num_requests if r <= max_slots)
-    if not fits:
-        raise SystemExit(f"not even one request's KV cache at context {max(cfg.context_tokens)} fits the memory "
-                         f"budget; lower --context-tokens or raise --kv-budget-gb")
-    return dataclasses.replace(cfg, num_requests=fits), cfg.num_requests[-1]
-
-
 def split_tokens(tokens: int, per_request: int) -> list[int]:
     """B tokens as ceil(B / q) requests of q tokens, the last one holding the remainder."""
     full, rest = divmod(tokens, per_request)
@@ -153,7 +145,7 @@ def count_points(cfg: ProfileConfig) -> int:
     drafts = len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
     context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(len(cfg.drafters), len(cfg.num_requests),
                                                                              len(cfg.draft_tokens)) - drafts
-    return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + 2 * len(cfg.num_requests)
+    return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + len(cfg.captured_tokens) + 2 * len(cfg.num_requests)
             + 2 * len(padded_requests(cfg)) + drafts + context + 2 + 3 * cfg.host_overhead)
 
 
@@ -207,9 +199,12 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     model, drafter_for = models if models is not None else served_models(cfg, gen)
     forward = torch.compile(model, dynamic=False) if cfg.compile else model
     ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
-    cfg, capped_from = _fit_requests(cfg, kv_slots_that_fit(cfg, model, device, ctx_hi))
+    cfg, capped_from = fit_requests(cfg, model, device)
     on_total(count_points(cfg))
 
+    graph_s = time_points([(f"graph B={b}", graph_call(verify_call(model, forward, device, gen, b,
+                                                                   split_tokens(b, cfg.query_tokens), 0)))
+                           for b in cfg.captured_tokens], cfg.warmup, cfg.repeats, False, device, on_point)
     verify_keys, points = _forward_points(cfg, model, forward, device, gen, on_point)
     drafters = {kind: drafter_for(kind) for kind in cfg.drafters}
     axes = cfg.context_axes
@@ -237,7 +232,13 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
         blocks, notes = context_blocks(axes, times, lambda n: 1.0 / dense[n], cfg.drafters, cfg.num_requests,
                                        cfg.draft_tokens)
         draft = {}
-        metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device))
+        metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
+        if graph_s:
+            eager_s = [1.0 / v for v in verify.steps_per_s]
+            sps, graphs, metadata.details["cuda_graph_timing"] = graph_tables(cfg.batch_tokens, eager_s, graph_s,
+                                                                              cfg.cuda_graph_tokens)  # type: ignore
+            verify = dataclasses.replace(verify, steps_per_s=sps)
+            blocks = dataclasses.replace(blocks, cuda_graphs=graphs)
     del drafters
     prefill = _prefill_cost(cfg, model, forward, device, gen, on_point)
 
@@ -352,8 +353,9 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
         "scheduler_source": "assumed (calibration.roofline.Assumptions), not measured",
         "cpu_threads": torch.get_num_threads(),
         "num_requests_capped": (None if capped_from is None else
-                                f"R grid cut from {capped_from} to {cfg.num_requests[-1]}: the KV cache of more "
-                                f"requests at context {max(cfg.context_tokens)} does not fit the memory budget"),
+                                f"R grid cut from {capped_from} to {cfg.num_requests[-1]}: the KV caches of more "
+                                "requests at the probe context (version 2: and the drafters' longest context) do "
+                                "not fit the memory budget"),
     }
     return ProfileMetadata(source="measured", device=device_name(device), model=model.s.name,
                            created=datetime.date.today().isoformat(), tool=TOOL, details=details)

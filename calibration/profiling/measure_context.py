@@ -65,6 +65,9 @@ class ContextAxes:
     chunk_contexts: tuple[int, ...]  # computed prompt tokens before a chunk
     attention_requests: int  # requests per attention probe
     prefill_prompts: tuple[int, ...] = ()  # prompt lengths of prefill.table (empty: no table)
+    # The drafter tables' own context axis (empty: ``contexts``). On a GPU a drafter's KV cache at (R, C) must fit
+    # for every R of the grid, so a shorter axis lets the R grid reach higher.
+    draft_contexts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.contexts or self.contexts[0] != 0:
@@ -78,11 +81,19 @@ class ContextAxes:
             raise ValueError(f"the prefill prompt lengths must be >= 1 and increasing, got {self.prefill_prompts}")
         if self.attention_requests < 1:
             raise ValueError(f"attention_requests must be >= 1, got {self.attention_requests}")
+        if self.draft_contexts and (self.draft_contexts[0] != 0 or any(
+                b <= a for a, b in zip(self.draft_contexts, self.draft_contexts[1:], strict=False))):
+            raise ValueError(f"the drafter context axis must start at 0 and increase, got {self.draft_contexts}")
+
+    @property
+    def drafter_contexts(self) -> tuple[int, ...]:
+        """The context axis of the drafter tables."""
+        return self.draft_contexts or self.contexts
 
     def num_points(self, num_drafters: int, num_requests: int, num_draft_tokens: int) -> int:
         return (len(self.contexts) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
                 + len(self.prefill_prompts)
-                + num_drafters * len(self.contexts) * num_requests * num_draft_tokens)
+                + num_drafters * len(self.drafter_contexts) * num_requests * num_draft_tokens)
 
 
 def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
@@ -101,7 +112,7 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     for n in axes.prefill_prompts:
         points.append((f"prefill n={n}", chunk_call(model, forward, first, device, gen, n, 0)))
     for kind, drafter in drafters.items():
-        for c in axes.contexts:
+        for c in axes.drafter_contexts:
             for r in num_requests:
                 for g in draft_tokens:
                     points.append((f"draft {kind} C={c} R={r} gamma={g}", draft_call(drafter, c, device, gen, r, g)))
@@ -126,8 +137,8 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         clipped += sum(d < 0 for d in diffs)
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
     prefill = tuple(next(times) for _ in axes.prefill_prompts)
-    draft = {kind: ContextDraftTable(axes.contexts, num_requests, draft_tokens, tuple(
-        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.contexts),
+    draft = {kind: ContextDraftTable(axes.drafter_contexts, num_requests, draft_tokens, tuple(
+        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.drafter_contexts),
         key_padding="longest") for kind in kinds}
     blocks = Version2Blocks(
         attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
@@ -152,7 +163,7 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         "negative_differences_written_as_0": clipped,
         "axes": {"contexts": list(axes.contexts), "queries": list(axes.queries), "chunks": list(axes.chunks),
                  "chunk_contexts": list(axes.chunk_contexts), "attention_requests": a,
-                 "prefill_prompts": list(axes.prefill_prompts)},
+                 "prefill_prompts": list(axes.prefill_prompts), "draft_contexts": list(axes.drafter_contexts)},
     }
     return blocks, meta
 

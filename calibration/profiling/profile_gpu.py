@@ -74,30 +74,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-requests", type=int, default=1024,
                    help="largest R for per-request and draft tables, log-spaced from 1; must cover the "
                         "simulated concurrency (default: %(default)s)")
+    p.add_argument("--requests", default=None,
+                   help="comma-separated R of the per-request and draft tables, instead of --max-requests' "
+                        "log-spaced grid")
     p.add_argument("--draft-tokens", default=",".join(map(str, range(1, 17))),
                    help="comma-separated gammas for the draft tables (default: 1..16)")
-    p.add_argument("--format-version", type=int, choices=(1, 2), default=1,
-                   help="1: SPS(B) at the smallest context + per-request KV reads (default); 2: the dense part at "
-                        "context 0 + attention, chunk attention and drafter tables over the context grid")
-    p.add_argument("--context-tokens", default="auto",
-                   help="comma-separated context lengths C. Version 1: the smallest gives the verify table, the "
-                        "largest the per-request and draft context (auto: 0,2048). Version 2: the context axis, "
-                        f"starting at 0 (auto: {','.join(map(str, CPU_CONTEXTS))} on CPU, "
-                        f"{','.join(map(str, GPU_CONTEXTS))} on CUDA)")
-    p.add_argument("--attention-queries", default="auto",
-                   help="version 2: query tokens per request of the attention table, starting at 1 "
-                        "(auto: every one from 1 to 1 + the largest gamma)")
-    p.add_argument("--chunk-tokens", default="auto",
-                   help="version 2: prefill chunk sizes ('' for no chunk table; auto: 64,128,256,512,1024 up to "
-                        "--max-batch-tokens)")
-    p.add_argument("--chunk-contexts", default="auto",
-                   help="version 2: computed prompt tokens before a chunk, starting at 0 (auto: the context axis)")
-    p.add_argument("--prefill-prompts", default="auto",
-                   help="version 2: prompt lengths of the prefill table, from 1 ('' for no table; auto: "
-                        f"{','.join(map(str, CPU_PREFILL_PROMPTS))} on CPU, "
-                        f"{','.join(map(str, GPU_PREFILL_PROMPTS))} on CUDA)")
-    p.add_argument("--attention-requests", type=int, default=4,
-                   help="version 2: requests per attention probe (default: %(default)s)")
+    _add_version2_options(p)
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--query-tokens", type=int, default=8,
@@ -123,8 +105,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "point's buffers alive at once)")
     p.add_argument("--checkpoints", type=Path, default=None,
                    help="time the trained models in this directory (calibration.train) instead of --preset")
+    p.add_argument("--code-revision", default=None,
+                   help="the commit of the code that measures, recorded in metadata.code_revision (for runs on a "
+                        "machine without the git checkout)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
+
+
+def _add_version2_options(p: argparse.ArgumentParser) -> None:
+    """The format version and the grids of the version-2 tables."""
+    p.add_argument("--format-version", type=int, choices=(1, 2), default=1,
+                   help="1: SPS(B) at the smallest context + per-request KV reads (default); 2: the dense part at "
+                        "context 0 + attention, chunk attention and drafter tables over the context grid")
+    p.add_argument("--context-tokens", default="auto",
+                   help="comma-separated context lengths C. Version 1: the smallest gives the verify table, the "
+                        "largest the per-request and draft context (auto: 0,2048). Version 2: the context axis, "
+                        f"starting at 0 (auto: {','.join(map(str, CPU_CONTEXTS))} on CPU, "
+                        f"{','.join(map(str, GPU_CONTEXTS))} on CUDA)")
+    p.add_argument("--attention-queries", default="auto",
+                   help="version 2: query tokens per request of the attention table, starting at 1 "
+                        "(auto: every one from 1 to 1 + the largest gamma)")
+    p.add_argument("--chunk-tokens", default="auto",
+                   help="version 2: prefill chunk sizes ('' for no chunk table; auto: 64,128,256,512,1024 up to "
+                        "--max-batch-tokens)")
+    p.add_argument("--chunk-contexts", default="auto",
+                   help="version 2: computed prompt tokens before a chunk, starting at 0 (auto: the context axis)")
+    p.add_argument("--prefill-prompts", default="auto",
+                   help="version 2: prompt lengths of the prefill table, from 1 ('' for no table; auto: "
+                        f"{','.join(map(str, CPU_PREFILL_PROMPTS))} on CPU, "
+                        f"{','.join(map(str, GPU_PREFILL_PROMPTS))} on CUDA)")
+    p.add_argument("--draft-contexts", default="auto",
+                   help="version 2: the drafter tables' own context axis, starting at 0 (auto: the context axis); "
+                        "a shorter one lets the R grid reach higher on a GPU, where every (R, C) cache must fit")
+    p.add_argument("--probe-context", type=int, default=None,
+                   help="context of the padding probe (and version 1's per-request pairs); default: the largest "
+                        "context")
+    p.add_argument("--cuda-graphs", type=int, default=None, metavar="N",
+                   help="version 2 on CUDA: time the dense verify table as CUDA-graph replay up to N batch tokens "
+                        "and eagerly above, and write the cuda_graphs block (the cliff at N)")
+    p.add_argument("--attention-requests", type=int, default=4,
+                   help="version 2: requests per attention probe (default: %(default)s)")
 
 
 def config_from_args(args: argparse.Namespace) -> ProfileConfig:
@@ -140,7 +160,8 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
         prefill, warmup, repeats = (32, 128), 1, 3
     else:
         batch = batch_grid(args.max_batch_tokens, args.grid)
-        reqs = tuple(requests_grid(args.max_requests).tolist())
+        reqs = (_ints(args.requests, "--requests") if args.requests is not None
+                else tuple(requests_grid(args.max_requests).tolist()))
         gammas = _ints(args.draft_tokens, "--draft-tokens")
         contexts = _default_contexts(args, device)
         prefill = _ints(args.prefill_tokens, "--prefill-tokens")
@@ -150,13 +171,24 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     if args.query_tokens < 1 or repeats < 1 or warmup < 0 or min(gammas) < 1:
         raise SystemExit("--query-tokens, --repeats and every gamma must be >= 1, --warmup >= 0")
     contexts = tuple(sorted(set(contexts)))
+    if args.cuda_graphs is not None:
+        if args.format_version != 2 or not device.startswith("cuda"):
+            raise SystemExit(f"--cuda-graphs needs --format-version 2 on a CUDA device (got version "
+                             f"{args.format_version} on {device})")
+        if not 1 <= args.cuda_graphs < max(batch):
+            raise SystemExit(f"--cuda-graphs {args.cuda_graphs}: must be in 1..{max(batch) - 1} (below the largest "
+                             f"batch timed, --max-batch-tokens)")
+        batch = sorted({*batch, args.cuda_graphs, args.cuda_graphs + 1})
+    if min(reqs) < 1:
+        raise SystemExit(f"--requests: every R must be >= 1, got {reqs}")
     axes = None if args.format_version == 1 else _context_axes(args, contexts, max(gammas), max(batch), device)
     return ProfileConfig(args.preset, drafters, device, dtype, tuple(batch), tuple(int(r) for r in reqs),
                          tuple(sorted(set(gammas))), contexts, args.query_tokens,
                          (prefill[0], prefill[1]), warmup, repeats, args.seed, args.compile,
                          None if args.kv_budget_gb is None else args.kv_budget_gb * 1e9, args.host_overhead,
                          args.interleave, None if args.checkpoints is None else str(args.checkpoints),
-                         format_version=args.format_version, context_axes=axes)
+                         format_version=args.format_version, context_axes=axes, probe_context=args.probe_context,
+                         cuda_graph_tokens=args.cuda_graphs)
 
 
 def _default_contexts(args: argparse.Namespace, device: str) -> tuple[int, ...]:
@@ -182,11 +214,13 @@ def _context_axes(args: argparse.Namespace, contexts: tuple[int, ...], max_gamma
         chunks = option(args.chunk_tokens, tuple(n for n in (64, 128, 256, 512, 1024) if n <= max_batch_tokens),
                         "--chunk-tokens")
         chunk_contexts = option(args.chunk_contexts, contexts, "--chunk-contexts")
+    draft_contexts = option(args.draft_contexts, contexts, "--draft-contexts")
     if chunks and max(chunks) > max_batch_tokens:
         raise SystemExit(f"--chunk-tokens: a chunk is priced against the verify table, which ends at "
                          f"{max_batch_tokens} batch tokens; got {max(chunks)}")
     try:
-        return ContextAxes(contexts, queries, chunks, chunk_contexts, args.attention_requests, prompts)
+        return ContextAxes(contexts, queries, chunks, chunk_contexts, args.attention_requests, prompts,
+                           draft_contexts)
     except ValueError as err:
         raise SystemExit(f"profile_gpu: {err}") from err
 
@@ -211,6 +245,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with scheduling_priority(args.nice, lambda message: print(message, file=sys.stderr)):
             data = measure(cfg, on_point, on_total)
     data["metadata"]["profiling_wall_s"] = round(time.perf_counter() - started, 3)
+    if args.code_revision is not None:
+        data["metadata"]["code_revision"] = args.code_revision
     write_profile(data, args.out)
     sps = data["verify"]["steps_per_s"]
     print(f"wrote {args.out} (measured on {data['metadata']['device']}, {cfg.dtype}): SPS {sps[0]:.1f} at B=1 .. "
