@@ -32,9 +32,9 @@ STEPS = [
 ]
 
 
-def _profile(padding: str, raw: bool = False):
+def _profile(padding: str, raw: bool = False, decode_token_s: float = 0.0):
     """A version-2 profile with per-request work, query padding, an inline scheduler, attention, chunk attention
-    and a context-aware drafter, all padding keys as ``padding`` says."""
+    and a context-aware drafter, all padding keys as ``padding`` says, and ``decode_token_s`` per decode token."""
     base = load_profile("h200_qwen3-8b_analytic")
     grid = (((1e-3, 2e-3), (2e-3, 4e-3)), ((3e-3, 4e-3), (4e-3, 6e-3)))  # [context][R][gamma]
     draft = ContextDraftTable((0, 100000), (1, 64), (1, 8), grid, key_padding=padding)  # type: ignore[arg-type]
@@ -45,6 +45,8 @@ def _profile(padding: str, raw: bool = False):
                           draft={"dspark": draft}).apply(base.raw)
     data["verify"]["padded_slot_s"] = 3e-6
     data["scheduler"]["inline"] = True
+    if decode_token_s:
+        data["verify"]["decode_token_s"] = decode_token_s
     return data if raw else profile_from_dict(data, "chunk-prices.json")
 
 
@@ -79,9 +81,10 @@ def _simulator_prices(profile, policy) -> list[float]:
     return prices
 
 
+@pytest.mark.parametrize("decode_token_s", [0.0, 1e-5])  # host work per decode token: none, or 10 us
 @pytest.mark.parametrize("padding", ["longest", "none"])  # keys padded to the batch's longest context, or not
-def test_steps_with_chunks_are_priced_as_the_simulator_prices_them(padding: str) -> None:
-    profile, policy = _profile(padding), make_policy("greedy")
+def test_steps_with_chunks_are_priced_as_the_simulator_prices_them(padding: str, decode_token_s: float) -> None:
+    profile, policy = _profile(padding, decode_token_s=decode_token_s), make_policy("greedy")
     steps, chunks = _tables()
     priced = priced_steps_s(steps, profile, "dspark", policy.name, GAMMA, policy.synchronous, chunks)
     assert priced.tolist() == pytest.approx(_simulator_prices(profile, policy), rel=1e-12)
@@ -91,6 +94,14 @@ def test_steps_with_chunks_are_priced_as_the_simulator_prices_them(padding: str)
     flat = priced_steps_s(steps, profile, "dspark", policy.name, GAMMA, policy.synchronous,
                           chunks.assign(context_tokens=0))
     assert flat[0] < priced[0] and flat[2] < priced[2] and flat[1] == priced[1]
+
+
+def test_the_host_work_per_decode_token_is_charged_on_decode_tokens_only() -> None:
+    steps, chunks = _tables()
+    plain = priced_steps_s(steps, _profile("longest"), "dspark", "greedy", GAMMA, True, chunks)
+    charged = priced_steps_s(steps, _profile("longest", decode_token_s=1e-5), "dspark", "greedy", GAMMA, True, chunks)
+    # decode tokens per step: 3 x 8, 1 x 1, none (chunks alone), 4 x 3, 2 x 4; the 2,325 chunk tokens pay nothing
+    np.testing.assert_allclose(charged - plain, 1e-5 * np.array([24, 1, 0, 12, 8]), rtol=1e-9, atol=1e-15)
 
 
 def test_a_padded_drafter_is_read_at_the_batch_longest_context() -> None:

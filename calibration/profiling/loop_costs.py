@@ -31,8 +31,13 @@ would leave out):
 
 :meth:`LoopCosts.fold` writes them into the profile's own form: draft entries
 scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
-by ``prefill_factor``, ``1/SPS(B) += c B`` and ``per_request(R) += a_R``. The
-isolated tables stay in ``metadata.forward_only``.
+by ``prefill_factor``, ``per_request(R) += a_R`` and c, the host work per verified
+token: into ``verify.decode_token_s`` of a version-2 profile, which the engine
+charges on a step's decode tokens only (a co-located prefill chunk's prompt tokens
+get no softmax rows or rejection sampling), and as ``1/SPS(B) += c B`` into the
+dense table of a version-1 profile (which has no such field; there every batch
+token is charged, chunk tokens included). The isolated tables stay in
+``metadata.forward_only``; ``metadata.loop_costs.folded`` says which form was used.
 
 :func:`measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
 over (R, gamma) and fits the profile's ``scheduler`` fields
@@ -113,11 +118,16 @@ class LoopCosts:
         return np.stack([np.interp(draft_tokens, gammas, row) for row in per_r])
 
     def fold(self, profile: dict[str, Any]) -> dict[str, Any]:
-        """A copy of a profile dictionary with these costs in its tables."""
+        """A copy of a profile dictionary with these costs in its tables (see the module docstring)."""
         out = copy.deepcopy(profile)
         verify = out["verify"]
         tokens = np.array(verify["batch_tokens"], dtype=float)
-        step_s = 1.0 / np.array(verify["steps_per_s"]) + self.extra_per_batch_token_s * tokens
+        # c: host work per verified token. Version 2 has a field for it that the engine charges on decode tokens
+        # alone; in the dense table (version 1) it would also be charged on co-located prefill chunks' tokens.
+        per_decode_token = profile.get("version", 1) >= 2
+        step_s = 1.0 / np.array(verify["steps_per_s"])
+        if not per_decode_token:
+            step_s = step_s + self.extra_per_batch_token_s * tokens
         per_request = out.get("per_request") or {"num_requests": [1, 1024], "step_s": [0.0, 0.0]}
         reqs = np.array(per_request["num_requests"], dtype=float)
         extra = np.interp(reqs, np.array(self.num_requests, float), np.array(self.extra_per_request_s))
@@ -127,9 +137,15 @@ class LoopCosts:
         meta["loop_costs"] = {**{k: (np.array(v).tolist() if isinstance(v, tuple) else v)
                                  for k, v in vars(self).items()},
                               "folded": "draft(R, g) *= draft_factor(R, g); prefill (line, table) *= prefill_factor; "
-                                        "1/SPS(B) += extra_per_batch_token_s * B; per_request(R) += "
-                                        "extra_per_request_s(R) (clipped at 0)"}
-        out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
+                                        + ("verify.decode_token_s += extra_per_batch_token_s (charged per decode "
+                                           "token, none per prefill-chunk token)" if per_decode_token else
+                                           "1/SPS(B) += extra_per_batch_token_s * B")
+                                        + "; per_request(R) += extra_per_request_s(R) (clipped at 0)"}
+        if per_decode_token:
+            out["verify"] = {**verify, "decode_token_s": verify.get("decode_token_s", 0.0)
+                             + self.extra_per_batch_token_s}
+        else:
+            out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
         out["prefill"] = {**out["prefill"], "fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],

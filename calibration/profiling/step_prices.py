@@ -33,6 +33,7 @@ import pandas as pd
 
 from policies import make_policy
 from simulator.costs import HardwareProfile, load_profile
+from simulator.costs.step_cost import decision_s, target_cost
 
 PARTS = ("draft_s", "sched_s", "verify_s")  # what price_parts gives each step; their sum is the step's price
 _NO_CHUNKS = (np.zeros(0), np.zeros(0, dtype=np.int64))
@@ -66,34 +67,32 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
 
     * drafter and decision (decoding requests only; none in a step of chunks alone), the drafter read at the
       batch's mean context, or its longest when the drafter's table pads keys;
-    * the target's forward over decode plus chunk tokens: dense part, query padding to 1 +
-      ``max_verified_tokens``, per-request work of R + chunks, each decoding request's attention with
+    * the target's forward over decode plus chunk tokens (:func:`simulator.costs.step_cost.target_cost`, the
+      engine's own arithmetic): dense part, query padding to 1 + ``max_verified_tokens``, per-request work of R +
+      chunks, the host work per decode token on ``batch_tokens`` alone, each decoding request's attention with
       ``batch_tokens / num_requests`` query tokens (the log keeps the sum of the verification lengths, not each
       one: exact when they are equal) over the mean context, or the longest with key padding, and each chunk's
       attention over its computed-before context (``chunks``: the run's chunks table, whose ``step`` are labels of
       ``steps``'s index; needed when a step has prefill tokens).
     """
     by_step = _chunks_by_step(steps, chunks)
-    charged = draft_tokens > 0 and profile.charges_decision(synchronous)
     out = np.zeros((len(steps), len(PARTS)))
     for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
             steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
             steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
             steps["max_context_tokens"].to_numpy(float), strict=True)):
         chunk_contexts, chunk_tokens = by_step.get(int(label), _NO_CHUNKS)
+        attention_s = 0.0
         if r:
             # a vector with the batch's total and longest context: what the drafter's mean or longest reads
             contexts = np.append(max_ctx, np.full(r - 1, (ctx - max_ctx) / max(r - 1, 1)))
             if draft_tokens:
                 out[i, 0] = profile.draft_s(drafter, r, draft_tokens, profile.draft_context(drafter, contexts))
-            out[i, 1] = profile.scheduler_s(r * draft_tokens, policy) if charged else 0.0
-        out[i, 2] = profile.verify_s(r + chunk_tokens.size, b + int(chunk_tokens.sum()),
-                                     r * (1 + longest) - b if r else 0)
-        if profile.attention is not None and r:
-            mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
-            out[i, 2] += profile.attention_s(mean, np.full(r, max(1, round(b / r))))
-        if chunk_tokens.size:
-            out[i, 2] += profile.chunk_attention_s(chunk_contexts, chunk_tokens)
+            out[i, 1] = decision_s(profile, policy, synchronous, r, draft_tokens)
+            if profile.attention is not None:
+                mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
+                attention_s = profile.attention_s(mean, np.full(r, max(1, round(b / r))))
+        out[i, 2] = target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens).verify_s
     return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
 
 

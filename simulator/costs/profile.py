@@ -9,6 +9,7 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
     + sum_r attention(c_r, 1 + l_r)                 each request's attention over its context c_r
                                                     (with key_padding "longest": every c_r is the batch's longest)
     + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention)
+    + decode_token_s * sum_r (1 + l_r)              host work per decode (verification) token, none per chunk token
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
 tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
@@ -74,6 +75,7 @@ class HardwareProfile:
     max_num_batched_tokens: int | None = None  # the engine's token budget per step
     chunk_attention: Table2D | None = None  # seconds of one prefill chunk over (context_tokens, chunk_tokens)
     prefill_table: Table1D | None = None  # seconds of one disaggregated prefill over prompt_tokens (prefill.table)
+    decode_token_s: float = 0.0  # seconds per decode (verification) token of a step, none per prefill-chunk token
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -132,12 +134,17 @@ class HardwareProfile:
             self._grid.append((x, np.array([self.dense_s(b) for b in x])))
         return self._grid[0]
 
-    def verify_s(self, num_requests: int, batch_tokens: int, padded_slots: int = 0) -> float:
-        """Dense part, query padding and per-request overhead of a step (no attention; see :meth:`attention_s`):
-        ``batch_tokens`` over ``num_requests`` requests, ``padded_slots`` query slots of padding."""
+    def verify_s(self, num_requests: int, batch_tokens: int, padded_slots: int = 0,
+                 decode_tokens: int | None = None) -> float:
+        """Dense part, query padding, per-request overhead and the host work per decode token of a step (no
+        attention; see :meth:`attention_s`): ``batch_tokens`` over ``num_requests`` requests, ``padded_slots`` query
+        slots of padding, ``decode_tokens`` of the batch tokens decode (verification) tokens (default: all of them;
+        the rest are prefill-chunk tokens, which pay no ``decode_token_s``)."""
         step_s = self.dense_s(batch_tokens) + self.padded_slot_s * padded_slots
         if self.per_request_s is not None:
             step_s += float(self.per_request_s(num_requests))
+        if self.decode_token_s:
+            step_s += self.decode_token_s * (batch_tokens if decode_tokens is None else decode_tokens)
         return step_s
 
     # ------------------------------------------------------------------ attention
@@ -185,20 +192,29 @@ class HardwareProfile:
 
     # ------------------------------------------------------------------ what a policy prices with
     def cost_curve(self, num_requests: int, draft_s: float = 0.0) -> CostCurve:
-        """SPS over batch tokens for a step with ``num_requests`` requests (dense part with its cliff, plus the
-        per-request overhead; no attention)."""
-        if self.cuda_graphs is None and self.dense_step_s is None:
+        """SPS over batch tokens for a step with ``num_requests`` requests (dense part with its cliff, the
+        per-request overhead and ``decode_token_s`` per batch token, every one of which a policy's decision makes a
+        decode token; no attention)."""
+        if self.cuda_graphs is None and self.dense_step_s is None and not self.decode_token_s:
             sps = self.verify_sps.y
             if self.per_request_s is not None:
                 sps = 1.0 / (1.0 / sps + float(self.per_request_s(num_requests)))
             return CostCurve(batch_tokens=self.verify_sps.x, steps_per_s=sps, draft_s=draft_s)
         tokens, dense = self.dense_grid()
+        return CostCurve(batch_tokens=tokens, steps_per_s=1.0 / self._curve_s(tokens, dense, num_requests),
+                         draft_s=draft_s)
+
+    def _curve_s(self, tokens: np.ndarray, dense: np.ndarray, num_requests: int) -> np.ndarray:
+        """Seconds of a step over ``tokens`` decode tokens with its ``dense`` part, besides attention."""
         step_s = dense + (float(self.per_request_s(num_requests)) if self.per_request_s is not None else 0.0)
-        return CostCurve(batch_tokens=tokens, steps_per_s=1.0 / step_s, draft_s=draft_s)
+        if self.decode_token_s:
+            step_s = step_s + self.decode_token_s * tokens
+        return step_s
 
     def step_cost_curve(self, drafter: str, num_requests: int, draft_tokens: int,
                         context_tokens: np.ndarray | None = None, rows: np.ndarray | None = None) -> CostCurve:
-        """What a policy prices a step with: :meth:`cost_curve`, the drafter's time for R and g and, with an
+        """What a policy prices a step with: :meth:`cost_curve` (``decode_token_s`` per batch token included), the
+        drafter's time for R and g and, with an
         attention table and the requests' contexts, the step's attention as a line over batch tokens
         (:meth:`attention_line`): ``fixed_s + max(B - R, 0) * per_token_s``. The line is exact when every request
         verifies the same number of tokens and attention is linear in query tokens between 1 and 1 + g; before
@@ -209,8 +225,8 @@ class HardwareProfile:
             return self.cost_curve(num_requests, draft_s)
         fixed_s, per_token_s = self.attention_line(context_tokens, draft_tokens, rows)
         tokens, dense = self.dense_grid()
-        per_request_s = float(self.per_request_s(num_requests)) if self.per_request_s is not None else 0.0
-        step_s = dense + per_request_s + fixed_s + np.maximum(tokens - num_requests, 0.0) * per_token_s
+        step_s = self._curve_s(tokens, dense, num_requests) + fixed_s
+        step_s = step_s + np.maximum(tokens - num_requests, 0.0) * per_token_s
         return CostCurve(batch_tokens=tokens, steps_per_s=1.0 / step_s, draft_s=draft_s)
 
     # ------------------------------------------------------------------ drafter, prefill, scheduler

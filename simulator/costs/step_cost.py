@@ -5,6 +5,11 @@ and the policy's cost curve before the decision, then the target's time once
 the step's tokens are known. What depends on the number of requests R only is
 cached per R (version-1 profiles: everything a policy sees); what depends on
 the requests' contexts is computed per step, vectorised over the requests.
+
+:func:`decision_s` and :func:`target_cost` (the target's forward once the
+decode attention is known) are the arithmetic every pricer of a step uses:
+the engine's :class:`StepPricer`, and ``calibration.profiling.step_prices``
+for the real loop's logged steps.
 """
 
 from __future__ import annotations
@@ -21,10 +26,40 @@ from simulator.costs.profile import HardwareProfile
 class VerifyCost:
     """The target's time of one step and the parts that explain it (seconds)."""
 
-    verify_s: float  # everything below plus query padding and per-request overhead
+    verify_s: float  # everything below plus query padding, per-request overhead and host work per decode token
     dense_s: float  # dense part over all batch tokens, CUDA-graph cliff included
     attention_s: float  # decode attention plus prefill-chunk attention
     eager: bool  # the step ran above the largest captured CUDA graph
+
+
+def decision_s(profile: HardwareProfile, policy: str, synchronous: bool, num_requests: int,
+               draft_tokens: int) -> float:
+    """Seconds of ``policy``'s decision over ``num_requests`` x ``draft_tokens`` candidates, when it is on the
+    step's critical path (synchronous, or the profile's scheduler inline), else 0."""
+    charged = draft_tokens and profile.charges_decision(synchronous)
+    return profile.scheduler_s(num_requests * draft_tokens, policy) if charged else 0.0
+
+
+def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int, longest_verified_tokens: int,
+                decode_attention_s: float, chunk_context_tokens: np.ndarray, chunk_tokens: np.ndarray,
+                detailed: bool = False) -> VerifyCost:
+    """The target's time of a step of ``num_requests`` decoding requests with ``decode_tokens`` = sum_r 1 + l_r
+    (the longest l_r ``longest_verified_tokens``, for query padding) whose attention is ``decode_attention_s``,
+    and prefill chunks of ``chunk_tokens`` [P] (zeros: no chunk) over ``chunk_context_tokens`` [P] computed prompt
+    tokens: dense part over all batch tokens, padding, per-request work of R + chunks, ``decode_token_s`` on the
+    decode tokens alone, decode and chunk attention. ``detailed`` also fills the dense part (otherwise 0)."""
+    num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
+    batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
+    padded_slots = num_requests * (1 + longest_verified_tokens) - decode_tokens if num_requests else 0
+    verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots, decode_tokens)
+    attention_s = decode_attention_s
+    if num_chunks:
+        has = chunk_tokens > 0
+        attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])
+    if attention_s:
+        verify_s += attention_s
+    dense_s = profile.dense_s(batch_tokens) if detailed else 0.0
+    return VerifyCost(verify_s, dense_s, attention_s, profile.is_eager(batch_tokens))
 
 
 class StepPricer:
@@ -48,8 +83,7 @@ class StepPricer:
         if cached is None:
             g, profile = self.draft_tokens, self.profile
             draft_s = 0.0 if self.draft_needs_context else profile.draft_s(self.drafter, num_requests, g)
-            charged = g and profile.charges_decision(self.policy.synchronous)
-            sched_s = profile.scheduler_s(num_requests * g, self.policy.name) if charged else 0.0
+            sched_s = decision_s(profile, self.policy.name, self.policy.synchronous, num_requests, g)
             curve = None if self.curve_needs_context else self.policy_profile.step_cost_curve(
                 self.drafter, num_requests, g)
             cached = (draft_s, sched_s, curve)  # type: ignore[assignment]
@@ -83,22 +117,13 @@ class StepPricer:
 
     def verify(self, lengths: np.ndarray, decode_tokens: int, context_tokens: np.ndarray | None,
                chunk_context_tokens: np.ndarray, chunk_tokens: np.ndarray, detailed: bool) -> VerifyCost:
-        """The target's time of a step: ``lengths`` [R] verified draft tokens (``decode_tokens`` = sum_r 1 + l_r)
-        over ``context_tokens`` [R], and prefill chunks of ``chunk_tokens`` [P] over ``chunk_context_tokens`` [P]
-        computed prompt tokens. ``detailed`` also fills the dense part (otherwise 0) for the step log."""
-        profile = self.profile
+        """The target's time of a step (:func:`target_cost`): ``lengths`` [R] verified draft tokens
+        (``decode_tokens`` = sum_r 1 + l_r) over ``context_tokens`` [R], and prefill chunks of ``chunk_tokens`` [P]
+        over ``chunk_context_tokens`` [P] computed prompt tokens. ``detailed`` also fills the dense part (otherwise
+        0) for the step log."""
         num_requests = lengths.size
-        num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
-        batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
-        padded_slots = num_requests * (1 + int(lengths.max())) - decode_tokens if num_requests else 0
-        verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots)
         attention_s = 0.0
         if self.attention and num_requests:
-            attention_s += self._decode_attention_s(context_tokens, lengths)  # type: ignore[arg-type]
-        if num_chunks:
-            has = chunk_tokens > 0
-            attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])
-        if attention_s:
-            verify_s += attention_s
-        dense_s = profile.dense_s(batch_tokens) if detailed else 0.0
-        return VerifyCost(verify_s, dense_s, attention_s, profile.is_eager(batch_tokens))
+            attention_s = self._decode_attention_s(context_tokens, lengths)  # type: ignore[arg-type]
+        return target_cost(self.profile, num_requests, decode_tokens, int(lengths.max()) if num_requests else 0,
+                           attention_s, chunk_context_tokens, chunk_tokens, detailed)
