@@ -214,11 +214,11 @@ class HardwareProfile:
     def step_cost_curve(self, drafter: str, num_requests: int, draft_tokens: int,
                         context_tokens: np.ndarray | None = None, rows: np.ndarray | None = None) -> CostCurve:
         """What a policy prices a step with: :meth:`cost_curve` (``decode_token_s`` per batch token included), the
-        drafter's time for R and g and, with an
-        attention table and the requests' contexts, the step's attention as a line over batch tokens
-        (:meth:`attention_line`): ``fixed_s + max(B - R, 0) * per_token_s``. The line is exact when every request
-        verifies the same number of tokens and attention is linear in query tokens between 1 and 1 + g; before
-        deciding, a policy cannot know which requests the extra tokens go to, so each is priced at the mean.
+        drafter's time for R and g and, with an attention table and the requests' contexts, the step's attention as
+        a line over batch tokens (:meth:`attention_line`): ``fixed_s + max(B - R, 0) * per_token_s``. The line is
+        exact when every request verifies the same number of tokens and attention is linear in query tokens
+        between 1 and 1 + g; before deciding, a policy cannot know which requests the extra tokens go to, so each is
+        priced at the mean.
         ``rows``: this profile's :meth:`attention_rows` of the contexts, when already computed."""
         draft_s = self.draft_s(drafter, num_requests, draft_tokens, self.draft_context(drafter, context_tokens))
         if self.attention is None or context_tokens is None:
