@@ -106,11 +106,18 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
         frames = []
         for r in probed:
             ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
-            steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
-                                 duration_s + ramp_s, warmup_s + ramp_s, seed + PROBE_SEED_OFFSET, clock)
+            # With long prompts and short outputs the first requests may finish before the last first prefill
+            # does, so the batch is full only now and then: a probe without a full-batch step runs again, the
+            # same requests for longer (twice, then four times as long after the ramp).
+            for stretch in (1, 2, 4):
+                steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
+                                     stretch * duration_s + ramp_s, warmup_s + ramp_s, seed + PROBE_SEED_OFFSET,
+                                     clock)
+                if not steps.empty:
+                    break
             if steps.empty:
-                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users; lengthen it "
-                                 "(duration_s)")
+                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {4 * duration_s:g} "
+                                 "s after the first prefills; lengthen it (duration_s)")
             priced = priced_steps_s(steps, profile, drafter.kind, name, g)
             frames.append(steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=r))
         out[policy.name] = fit_excess(pd.concat(frames, ignore_index=True), g)

@@ -1,0 +1,42 @@
+"""The per-policy step probe runs again, longer, when its batch was never full after the first prefills."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from calibration.profiling import policy_steps
+from traces.synthetic import LengthSpec
+
+LENGTHS = LengthSpec(prompt_median_tokens=2048, prompt_sigma=0.0, output_median_tokens=64, output_sigma=0.0)
+FULL_STEP = {"num_requests": 4, "batch_tokens": 12, "max_verified_tokens": 2, "context_tokens": 8000,
+             "max_context_tokens": 2100, "cycle_s": 0.02}
+DRAFTER = SimpleNamespace(kind="dspark")  # the loop run is stood in for: only the drafter's kind is read
+
+
+def _probe(full_after: int, calls: list[float]):
+    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then one."""
+    def run(verifier, drafter, profile, name, gamma, users, traffic, duration_s, warmup_s, seed, clock):
+        calls.append(duration_s - warmup_s)  # how long it ran after the ramp and warm-up
+        return pd.DataFrame([FULL_STEP] * (len(calls) > full_after), columns=list(FULL_STEP))
+    return run
+
+
+@pytest.mark.parametrize(("full_after", "stretches"), [(0, [1]), (1, [1, 2]), (2, [1, 2, 4])])
+def test_a_probe_without_a_full_batch_runs_again_longer(monkeypatch, default_profile, full_after, stretches):
+    calls: list[float] = []
+    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(full_after, calls))
+    out = policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
+                                            duration_s=0.8, warmup_s=0.2)
+    assert calls == pytest.approx([0.8 * k - 0.2 for k in stretches])
+    assert out["greedy"].num_steps == 1
+
+
+def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):
+    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(3, []))
+    with pytest.raises(ValueError, match=r"the greedy step probe ran no full-batch step at 4 users, even 3\.2 s after "
+                                         r"the first prefills; lengthen it \(duration_s\)"):
+        policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
+                                          duration_s=0.8, warmup_s=0.2)
