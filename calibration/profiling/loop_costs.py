@@ -17,8 +17,9 @@ is tokens over the sum of step times; a CPU's step times have a right tail, step
 up to 2x slower in every part while another job shares the core, that a median
 would leave out):
 
-* ``draft_factor[R, g]``: in-loop drafter seconds / the isolated draft table,
-  summed over the static probes' steps, for g = 1 and gamma;
+* ``draft_factor[R, g]``: in-loop drafter seconds / the isolated draft table read as
+  the simulator reads it (at the batch's longest context with key padding, which the
+  factor must not hold too), summed over the static probes' steps, for g = 1, gamma;
 * the non-draft residual: step cycle (end of the previous step to the end of this
   one, less any sleep for a prefill) minus in-loop drafter seconds minus the
   isolated ``1 / SPS(B) + per_request(R)`` with the step's query padding
@@ -33,11 +34,11 @@ would leave out):
 scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
 by ``prefill_factor``, ``per_request(R) += a_R`` and c, the host work per verified
 token: into ``verify.decode_token_s`` of a version-2 profile, which the engine
-charges on a step's decode tokens only (a co-located prefill chunk's prompt tokens
-get no softmax rows or rejection sampling), and as ``1/SPS(B) += c B`` into the
-dense table of a version-1 profile (which has no such field; there every batch
-token is charged, chunk tokens included). The isolated tables stay in
-``metadata.forward_only``; ``metadata.loop_costs.folded`` says which form was used.
+charges on a step's decode tokens only (a prefill chunk's tokens get no softmax
+rows or rejection sampling), as ``1/SPS(B) += c B`` into the dense table of a
+version-1 profile (no such field: every batch token pays, chunk tokens too). The
+isolated tables stay in ``metadata.forward_only``; ``metadata.loop_costs.folded``
+says which form was used.
 
 :func:`measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
 over (R, gamma) and fits the profile's ``scheduler`` fields
@@ -65,6 +66,7 @@ from calibration.models.model import Verifier
 from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
 from calibration.profiling.policy_steps import PROBE_SEED_OFFSET, measure_policy_steps
+from calibration.profiling.step_prices import batch_contexts
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST, ContextCost
@@ -141,11 +143,8 @@ class LoopCosts:
                                            "token, none per prefill-chunk token)" if per_decode_token else
                                            "1/SPS(B) += extra_per_batch_token_s * B")
                                         + "; per_request(R) += extra_per_request_s(R) (clipped at 0)"}
-        if per_decode_token:
-            out["verify"] = {**verify, "decode_token_s": verify.get("decode_token_s", 0.0)
-                             + self.extra_per_batch_token_s}
-        else:
-            out["verify"] = {**verify, "steps_per_s": (1.0 / step_s).tolist()}
+        out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s}
+                         if per_decode_token else {**verify, "steps_per_s": (1.0 / step_s).tolist()})
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
         out["prefill"] = {**out["prefill"], "fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
@@ -218,8 +217,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, draft tokens) {missing}; "
                          "lengthen the probe (duration_s)")
-    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, c / r) for r, g, c in
-                          zip(s["num_requests"], s["draft_tokens"], s["context_tokens"], strict=True)])
+    iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
+        r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
+                                         s["max_context_tokens"], strict=True)])
     padded = s["num_requests"] * (1 + s["max_verified_tokens"]) - s["batch_tokens"]
     iso_verify = np.array([isolated.verify_s(r, b, p) + _attention_s(isolated, r, k, c, m) for r, b, p, k, c, m in
                            zip(s["num_requests"], s["batch_tokens"], padded, s["draft_tokens"], s["context_tokens"],

@@ -59,6 +59,13 @@ def _chunks_by_step(steps: pd.DataFrame, chunks: pd.DataFrame | None) -> dict[in
     return found
 
 
+def batch_contexts(num_requests: int, context_tokens: float, max_context_tokens: float) -> np.ndarray:
+    """Contexts [R] with a logged step's total and longest context (the rest shared evenly): what a drafter's table
+    read at the batch's mean, or its longest with key padding, reads at."""
+    rest = np.full(num_requests - 1, (context_tokens - max_context_tokens) / max(num_requests - 1, 1))
+    return np.append(max_context_tokens, rest)
+
+
 def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, policy: str, draft_tokens: int,
                 synchronous: bool = False, chunks: pd.DataFrame | None = None) -> pd.DataFrame:
     """The profile's drafter, decision and target seconds (:data:`PARTS`) of each step of a real steps table
@@ -84,10 +91,9 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
         chunk_contexts, chunk_tokens = by_step.get(int(label), _NO_CHUNKS)
         attention_s = 0.0
         if r:
-            # a vector with the batch's total and longest context: what the drafter's mean or longest reads
-            contexts = np.append(max_ctx, np.full(r - 1, (ctx - max_ctx) / max(r - 1, 1)))
             if draft_tokens:
-                out[i, 0] = profile.draft_s(drafter, r, draft_tokens, profile.draft_context(drafter, contexts))
+                out[i, 0] = profile.draft_s(drafter, r, draft_tokens,
+                                            profile.draft_context(drafter, batch_contexts(r, ctx, max_ctx)))
             out[i, 1] = decision_s(profile, policy, synchronous, r, draft_tokens)
             if profile.attention is not None:
                 mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
