@@ -48,6 +48,8 @@ def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.
             cache.lengths.copy_(start)
             drafter.extend_context(slots, features, [1] * num_requests)
             drafter.propose(anchor, slots, gamma, gen)
+            drafter.cache = drafter.last_feature = None  # the point's cache dies with the point, not the drafter
+        drafter.cache = drafter.last_feature = None
         return one_step
     return prepare
 
@@ -72,5 +74,7 @@ def chunk_call(model: Verifier, forward: Callable, drafter: Drafter | None, devi
             drafter.cache, drafter.last_feature = cache, last_feature
             cache.lengths[:] = context
             drafter.extend_context([0], drafter.features_of(out), [chunk_tokens])  # type: ignore[arg-type]
+            drafter.cache = drafter.last_feature = None  # the point's cache dies with the point, not the drafter
+        drafter.cache = drafter.last_feature = None
         return one_chunk
     return prepare
