@@ -264,7 +264,7 @@ def report_text(result: Validation) -> str:
         f"machine: {device_name(torch.device('cpu'))}; profile: {result.profile.label}",
         f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) {factors}; "
         f"step residual {extras} + {1e6 * loop.get('extra_per_batch_token_s', float('nan')):.1f} us/"
-        f"{'decode' if result.profile.attention is not None else 'batch'} token; "
+        f"{'decode' if result.profile.version >= 2 else 'batch'} token; "
         f"prefill x{loop.get('prefill_factor', float('nan')):.3f}; of which host "
         f"{1e3 * loop.get('host_fixed_s', float('nan')):.3f} ms/step + "
         f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "
