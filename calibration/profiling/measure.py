@@ -16,6 +16,8 @@ synchronised around each run; building index tensors on the host is excluded):
 * draft: ``propose`` of each drafter over (R, gamma), context C_max, after appending
   one committed token per request to the drafter's context.
 * prefill: one request of n1 and of n2 tokens; tokens_per_s = (n2 - n1) / (t2 - t1).
+* version 2 with ``cuda_graph_tokens`` N (CUDA): the verify points up to N again, as CUDA-graph
+  replay, timed first (:mod:`calibration.profiling.graphs`).
 
 Scheduler costs are host-side policy time: by default the profile carries the
 roofline's documented assumptions for them, flagged in metadata. With

@@ -27,8 +27,9 @@ the dense verify table at context 0, the points below and turns them into
 
 A difference of two medians can come out below 0 when the context adds less than the
 timing noise; such entries are written as 0 and counted in ``metadata.context_tables``.
-CUDA graphs: this profiler runs the verifier eagerly, so no ``cuda_graphs`` block is
-written (on CPU there are no CUDA graphs at all); the metadata says which.
+CUDA graphs: every table here is eager; with ``--cuda-graphs N`` on a GPU the dense verify
+table is replayed as CUDA graphs up to N and the ``cuda_graphs`` block written
+(:mod:`calibration.profiling.graphs`); the metadata says which.
 """
 
 from __future__ import annotations
