@@ -54,6 +54,12 @@ def test_cuda_graphs_needs_a_cuda_device(tmp_path: Path) -> None:
                       "16", "--out", str(tmp_path / "p.json")])
 
 
+def test_a_negative_probe_context_is_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="--probe-context: a context of >= 0 tokens, got -5"):
+        profile_main(["--preset", "tiny", "--format-version", "2", "--quick", "--device", "cpu", "--probe-context",
+                      "-5", "--out", str(tmp_path / "p.json")])
+
+
 def test_drafter_tables_have_their_own_context_axis(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     profile_main(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters", "mtp",

@@ -181,6 +181,8 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
         batch = sorted({*batch, args.cuda_graphs, args.cuda_graphs + 1})
     if min(reqs) < 1:
         raise SystemExit(f"--requests: every R must be >= 1, got {reqs}")
+    if args.probe_context is not None and args.probe_context < 0:
+        raise SystemExit(f"--probe-context: a context of >= 0 tokens, got {args.probe_context}")
     axes = None if args.format_version == 1 else _context_axes(args, contexts, max(gammas), max(batch), device)
     return ProfileConfig(args.preset, drafters, device, dtype, tuple(batch), tuple(int(r) for r in reqs),
                          tuple(sorted(set(gammas))), contexts, args.query_tokens,
