@@ -12,7 +12,8 @@ loop itself with static policies (``mtp1`` and ``mtp<gamma>``) and with
 :class:`VariableLength` (verification lengths that differ between requests and
 change every step, as a dynamic policy's do; random prompts, the workload's
 lengths) at several concurrencies R, longer by the R first prefills that fill the
-batch, and measures on the steps with the whole batch, as **means** (throughput
+batch and in proportion to R above 2 (:func:`~calibration.profiling.policy_steps.probe_duration_s`: about as
+many steps at every R), and measures on the steps with the whole batch, as **means** (throughput
 is tokens over the sum of step times; a CPU's step times have a right tail, steps
 up to 2x slower in every part while another job shares the core, that a median
 would leave out):
@@ -40,7 +41,7 @@ version-1 profile (no such field: every batch token pays, chunk tokens too). The
 isolated tables stay in ``metadata.forward_only``; ``metadata.loop_costs.folded``
 says which form was used.
 
-:func:`measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
+:func:`calibration.profiling.decision_cost.measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
 over (R, gamma) and fits the profile's ``scheduler`` fields
 (``fixed_s + per_candidate_s * R * gamma``). :func:`measure_prefill` times the
 loop's prefill (verifier forward, the drafter's context, the first token).
@@ -51,8 +52,6 @@ its own steps in the loop (:mod:`calibration.profiling.policy_steps`).
 from __future__ import annotations
 
 import copy
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -64,16 +63,16 @@ import torch
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
 from calibration.profiling.calls import draft_call, verify_call
+from calibration.profiling.decision_cost import measure_scheduler
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
-from calibration.profiling.policy_steps import PROBE_SEED_OFFSET, measure_policy_steps
+from calibration.profiling.mixed_steps import measure_mixed_steps
+from calibration.profiling.policy_steps import PROBE_SEED_OFFSET, measure_policy_steps, probe_duration_s
 from calibration.profiling.step_prices import batch_contexts
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST, ContextCost
 from policies import make_policy
-from policies.base import CostCurve, Decision, Policy, PolicyTraits, StepView, prefix_survival, trim_to_budget
-from policies.driver import CostSource, PolicyMemory
-from policies.greedy import Greedy
+from policies.base import CostCurve, Decision, PolicyTraits, StepView, prefix_survival, trim_to_budget
 from simulator.costs import HardwareProfile, profile_from_dict
 from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
@@ -197,9 +196,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
         for policy, k in probes:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
-            spec = ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000),
-                               duration_s=duration_s + ramp_s, warmup_s=warmup_s + ramp_s, seed=seed, clock=clock)
-            result = serve(spec, models)
+            result = serve(ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed, clock=clock,
+                                       duration_s=probe_duration_s(duration_s, r) + ramp_s,
+                                       warmup_s=warmup_s + ramp_s), models)
             done = result.requests.dropna(subset=["first_token_at"])
             prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
             prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
@@ -256,21 +255,10 @@ def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int,
     return profile.attention_s(np.full(num_requests, float(context)), 1 + draft_tokens)
 
 
-def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
-                    probe_requests: tuple[int, ...], prefill_tokens: tuple[int, ...],
-                    lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
-                    on_point: Callable[[str], None] = lambda _: None,
-                    policies: tuple[str, ...] = ("greedy",),
-                    max_lengths: tuple[int, int] | None = None, clock: ClockKind = "wall") -> dict[str, Any]:
-    """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
-
-    The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
-    ``inline`` and gets an entry per policy in ``policies`` (and greedy, the default): each decision's marginal
-    cost between a drafter pass and the verifier forward (:func:`measure_scheduler` with ``between`` and
-    ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0). A dynamic
-    policy in ``policies`` then gets its own steps' mean excess in the loop over the shared model instead
-    (:func:`calibration.profiling.policy_steps.measure_policy_steps`); the isolated timings stay in metadata.
-    """
+def _isolated_decisions(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int, lengths: LengthSpec,
+                        seed: int, policies: tuple[str, ...], on_point: Callable[[str], None]) -> dict[str, dict]:
+    """Each policy's decision timed between a drafter pass and a forward, less mtp's (the loop probe's own, already
+    in its host residual): ``{name: {fixed_s, per_candidate_s}}`` for mtp (0), greedy and ``policies``."""
     gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
     reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
     context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
@@ -299,6 +287,29 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
             on_point(f"scheduler ({name} decision)")
             by_policy[policy.name] = net(measure_scheduler(cost, reqs, tuple(gammas), rng, policy, drafter_pass,
                                                            forward, repeats=30))
+    return by_policy
+
+
+def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
+                    probe_requests: tuple[int, ...], prefill_tokens: tuple[int, ...],
+                    lengths: LengthSpec = FIXED_LENGTHS, seed: int = 0, warmup: int = 2, repeats: int = 7,
+                    on_point: Callable[[str], None] = lambda _: None,
+                    policies: tuple[str, ...] = ("greedy",),
+                    max_lengths: tuple[int, int] | None = None, clock: ClockKind = "wall",
+                    token_budget: int | None = None) -> dict[str, Any]:
+    """Measure the scheduler, the loop's prefill and :class:`LoopCosts`; return a new profile dictionary with them.
+
+    The serving loop decides inline (no overlap with the previous step), so the profile's scheduler is marked
+    ``inline`` and gets an entry per policy in ``policies`` (and greedy, the default): each decision's marginal
+    cost between a drafter pass and the verifier forward (:func:`measure_scheduler` with ``between`` and
+    ``after``), less mtp's, which the loop probe's host residual already holds (mtp's entry is 0). A dynamic
+    policy in ``policies`` then gets its own steps' mean excess in the loop over the shared model instead
+    (:func:`calibration.profiling.policy_steps.measure_policy_steps`); the isolated timings stay in metadata.
+    With ``token_budget`` (co-located chunked prefill) and a version-2 profile that prices chunks, the loop's steps
+    with chunks beside decoding requests are probed too and their excess written as ``prefill.mixed_step``
+    (:func:`calibration.profiling.mixed_steps.measure_mixed_steps`).
+    """
+    by_policy = _isolated_decisions(profile, model, drafter, gamma, lengths, seed, policies, on_point)
     default = by_policy["greedy"]
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
@@ -331,6 +342,13 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     out["scheduler"] = {**default, "inline": True, "policies": {**by_policy, **{n: f.entry()
                                                                                for n, f in excess.items()}}}
     meta["scheduler_source"] = SCHEDULER_SOURCE
+    priced = profile_from_dict(out)
+    if token_budget is not None and (priced.chunk_attention is not None or priced.attention is not None):
+        on_point("serving-loop steps with prefill chunks beside decoding requests")
+        mixed = measure_mixed_steps(model, drafter, gamma, probe_requests, priced, token_budget, lengths, longest,
+                                    seed, clock=clock)
+        out["prefill"] = {**out["prefill"], "mixed_step": mixed.entry()}
+        meta["mixed_steps"] = mixed.metadata()
     meta["timing"] += "; serving-loop costs folded in (metadata.loop_costs)"
     meta["prefill_definition"] = ("serving-loop prefill (calibration.serving_batch): verifier forward over the "
                                   "prompt, the drafter's context and the first token")
@@ -345,53 +363,6 @@ SCHEDULER_SOURCE = (
     f"seed + {PROBE_SEED_OFFSET}); the isolated decision timings in metadata.isolated_decisions. Default and "
     "other policies: a decision's marginal cost between a drafter pass and a verifier forward, minus mtp's "
     "(already in the loop costs); mtp: 0. inline: the serving loop decides on the critical path")
-
-
-def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
-                      rng: np.random.Generator, policy: Policy | None = None,
-                      between: Callable[[], object] | None = None,
-                      after: Callable[[int, int], Callable[[], object]] | None = None,
-                      repeats: int = 50) -> tuple[float, float]:
-    """(fixed_s, per_candidate_s): median time of one decision of ``policy`` (default greedy) over (R, draft
-    tokens), fitted by least squares over the candidates R x g.
-
-    A decision is what the serving loop spends on the policy per step: the view of its state
-    (:class:`policies.driver.PolicyMemory`: stale pools, EMA rows by request), ``decide`` and the state
-    update, driven step after step as in the loop. (The loop's ``sched_s`` column times ``decide`` alone;
-    the state handling lands in its ``host_s``.) ``between`` runs before every decision: in the loop the
-    drafter's pass comes right before it and leaves the CPU's caches holding the model, which makes a
-    decision several times slower than the same call repeated alone. With ``after`` (``after(R, g)`` returns
-    the step's verifier forward), a decision's cost is its *marginal* cost on the step: the median of
-    between -> decision -> forward minus the median of between -> forward, run alternately; that includes
-    how much slower the forward runs after the decision has taken the caches.
-    """
-    policy = Greedy() if policy is None else policy
-    xs, ys = [], []
-    for r in num_requests:
-        curve = cost if isinstance(cost, CostCurve) else cost(r)
-        for g in sorted({policy.draft_tokens(d) for d in draft_tokens} - {0}):
-            if r * (1 + g) > curve.batch_tokens[-1]:
-                continue  # the policy cannot price a batch the table does not cover
-            forward = after(r, g) if after is not None else None
-            memory, ids, with_s, without_s = PolicyMemory(), tuple(range(r)), [], []
-            for i in range(2 * repeats if forward is not None else repeats):
-                confidence = rng.uniform(0.05, 1.0, size=(r, g))
-                if between is not None:
-                    between()
-                decides = forward is None or i % 2 == 0
-                start = time.perf_counter()
-                if decides:
-                    decision = policy.decide(memory.view(ids, confidence, curve))
-                    memory = memory.after(policy, ids, decision)
-                if forward is not None:
-                    forward()
-                (with_s if decides else without_s).append(time.perf_counter() - start)
-            xs.append(r * g)
-            ys.append(statistics.median(with_s) - (statistics.median(without_s) if without_s else 0.0))
-    if len(set(xs)) < 2:
-        raise ValueError(f"measure_scheduler({policy.name}) needs >= 2 (R, g) points inside the cost table")
-    slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
-    return max(float(intercept), 0.0), max(float(slope), 0.0)
 
 
 @torch.inference_mode()

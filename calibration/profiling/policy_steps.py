@@ -7,7 +7,7 @@ the loop around the drafter and the forward: building its view from the drafter'
 confidences and its memory, its decision and the state update, and the shapes its
 lengths give the verifier's index tensors and the rejection sampling. Timing the
 decision alone between a drafter pass and a forward
-(:func:`~calibration.profiling.loop_costs.measure_scheduler`) misses part of it.
+(:func:`~calibration.profiling.decision_cost.measure_scheduler`) misses part of it.
 
 :func:`measure_policy_steps` runs the serving loop itself with each policy to be
 priced, the policy pricing its steps with the profile being built (as the validated
@@ -48,6 +48,14 @@ from traces.synthetic import LengthSpec, TrafficSpec
 PROBE_SEED_OFFSET = 7919  # the policy probe's seed: the profile's seed + this, apart from the validated runs' seeds
 
 
+def probe_duration_s(duration_s: float, num_users: int) -> float:
+    """How long a serving-loop probe at ``num_users`` runs after its ramp: ``duration_s`` up to 2 users, then in
+    proportion to the users. A step's time grows about linearly with R, so the largest batches get about as many
+    steps as the smallest (at 8 users a fixed 0.8 s held some 20 full-batch steps at 2k-token contexts, and the
+    fits there moved by several percent between passes)."""
+    return duration_s * max(1.0, num_users / 2)
+
+
 @dataclass(frozen=True)
 class PolicyExcess:
     """A policy's in-loop step time beyond the shared model's price: ``fixed_s + per_candidate_s * R * g``."""
@@ -63,7 +71,7 @@ class PolicyExcess:
         return {"fixed_s": self.fixed_s, "per_candidate_s": self.per_candidate_s}
 
 
-def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
+def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
     """The step cost the policy prices with: the profile's, with the requests' contexts when it prices context."""
     if profile.uses_context(drafter):
         return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
@@ -76,7 +84,7 @@ def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile,
     """The full-batch decode steps after warmup of one loop run of ``name`` at ``users``, with their cycles."""
     policy = make_policy(name)
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size),
-                           _pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
+                           probe_pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
     spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
                        warmup_s=warmup_s, seed=seed, clock=clock)
     steps = serve(spec, models).steps
@@ -111,8 +119,8 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
             # same requests for longer (twice, then four times as long after the ramp).
             for stretch in (1, 2, 4):
                 steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
-                                     stretch * duration_s + ramp_s, warmup_s + ramp_s, seed + PROBE_SEED_OFFSET,
-                                     clock)
+                                     stretch * probe_duration_s(duration_s, r) + ramp_s, warmup_s + ramp_s,
+                                     seed + PROBE_SEED_OFFSET, clock)
                 if not steps.empty:
                     break
             if steps.empty:

@@ -228,7 +228,8 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
     data = with_loop_costs(data, models.verifier, models.drafter, cfg.gamma, profile_cfg.num_requests,
                            prompt_quantiles(cfg), lengths, cfg.seed, profile_cfg.warmup, profile_cfg.repeats,
                            policies=cfg.policies, max_lengths=(cfg.max_prompt_tokens, cfg.max_output_tokens),
-                           clock=cfg.clock)  # type: ignore[arg-type]
+                           clock=cfg.clock,  # type: ignore[arg-type]
+                           token_budget=cfg.token_budget if cfg.prefill == "chunked" else None)
     data["metadata"]["model"] = models.description
     return profile_from_dict(data, "<validation profile>")
 

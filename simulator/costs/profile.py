@@ -10,6 +10,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
                                                     (with key_padding "longest": every c_r is the batch's longest)
     + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention)
     + decode_token_s * sum_r (1 + l_r)              host work per decode (verification) token, none per chunk token
+    + mixed_step(R)                                 a step with prefill chunks beside R >= 1 decoding requests:
+                                                    fixed_s + per_request_s * R (prefill.mixed_step)
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
 tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
@@ -76,6 +78,7 @@ class HardwareProfile:
     chunk_attention: Table2D | None = None  # seconds of one prefill chunk over (context_tokens, chunk_tokens)
     prefill_table: Table1D | None = None  # seconds of one disaggregated prefill over prompt_tokens (prefill.table)
     decode_token_s: float = 0.0  # seconds per decode (verification) token of a step, none per prefill-chunk token
+    mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -157,6 +160,13 @@ class HardwareProfile:
         if self.key_padding == "longest" and context.size:
             context = np.full(context.shape, context.max())
         return float(self.attention(context, query_tokens).sum())
+
+    def mixed_step_s(self, num_requests: int) -> float:
+        """What a step that computes prefill chunks beside ``num_requests`` >= 1 decoding requests costs beyond its
+        parts (``prefill.mixed_step``: ``fixed_s + per_request_s * R``; 0 without the field)."""
+        if self.mixed_step is None:
+            return 0.0
+        return self.mixed_step[0] + self.mixed_step[1] * num_requests
 
     def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray) -> float:
         """Attention of prefill chunks: ``chunk_tokens[i]`` new prompt tokens over ``context_tokens[i]`` computed

@@ -33,7 +33,7 @@ FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_re
 V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verify.decode_token_s",
              "draft.<kind>.context_tokens",
              "draft.<kind>.key_padding",
-             "prefill.chunk_attention", "prefill.table")
+             "prefill.chunk_attention", "prefill.table", "prefill.mixed_step")
 
 
 def builtin_profiles() -> list[str]:
@@ -235,7 +235,7 @@ def _prefill_table(prefill: dict[str, Any], version: int, origin: str) -> Table1
 
 def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, float, Table2D | None, Table1D | None]:
     prefill = f.block(data, "prefill", origin)
-    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention"), "prefill.", origin)
+    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention", "mixed_step"), "prefill.", origin)
     fixed_s = f.number(f.get(prefill, "fixed_s", "prefill.", origin), "prefill.fixed_s", origin, True)
     tokens_per_s = f.number(f.get(prefill, "tokens_per_s", "prefill.", origin), "prefill.tokens_per_s", origin)
     table = _prefill_table(prefill, version, origin)
@@ -249,6 +249,20 @@ def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, fl
     chunk_table = _table2d(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.",
                            "prefill chunk_attention per_chunk_s", origin)
     return fixed_s, tokens_per_s, chunk_table, table
+
+
+def _mixed_step(data: dict[str, Any], version: int, origin: str) -> tuple[float, float] | None:
+    """``prefill.mixed_step`` (version 2): ``(fixed_s, per_request_s)`` of a step with chunks and decoding requests."""
+    block = data["prefill"].get("mixed_step")
+    if block is None:
+        return None
+    _needs_v2(version, True, "prefill.mixed_step", origin)
+    where = "prefill.mixed_step."
+    if not isinstance(block, dict):
+        raise ProfileError(f"{origin}: field 'prefill.mixed_step' must be {{fixed_s, per_request_s}}, got {block!r}")
+    f.known_keys(block, ("fixed_s", "per_request_s"), where, origin)
+    return (f.number(f.get(block, "fixed_s", where, origin), where + "fixed_s", origin, True),
+            f.number(f.get(block, "per_request_s", where, origin), where + "per_request_s", origin, True))
 
 
 def _scheduler(data: dict[str, Any], origin: str) -> tuple[float, float, bool, dict[str, tuple[float, float]]]:
@@ -307,4 +321,4 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         version=version, dense_step_s=dense_step_s, attention=attention, key_padding=key_padding,  # type: ignore[arg-type]
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
         chunk_attention=chunk_attention, prefill_table=prefill_table,
-        decode_token_s=_decode_token_s(data["verify"], version, origin))
+        decode_token_s=_decode_token_s(data["verify"], version, origin), mixed_step=_mixed_step(data, version, origin))

@@ -47,7 +47,8 @@ def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int,
     (the longest l_r ``longest_verified_tokens``, for query padding) whose attention is ``decode_attention_s``,
     and prefill chunks of ``chunk_tokens`` [P] (zeros: no chunk) over ``chunk_context_tokens`` [P] computed prompt
     tokens: dense part over all batch tokens, padding, per-request work of R + chunks, ``decode_token_s`` on the
-    decode tokens alone, decode and chunk attention. ``detailed`` also fills the dense part (otherwise 0)."""
+    decode tokens alone, decode and chunk attention, and ``prefill.mixed_step`` when chunks share the step with
+    decoding requests. ``detailed`` also fills the dense part (otherwise 0)."""
     num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
     batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
     padded_slots = num_requests * (1 + longest_verified_tokens) - decode_tokens if num_requests else 0
@@ -56,6 +57,8 @@ def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int,
     if num_chunks:
         has = chunk_tokens > 0
         attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])
+        if num_requests:
+            verify_s += profile.mixed_step_s(num_requests)
     if attention_s:
         verify_s += attention_s
     dense_s = profile.dense_s(batch_tokens) if detailed else 0.0
