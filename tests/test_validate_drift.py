@@ -1,6 +1,6 @@
 """Pure pieces of the sim-vs-real validation (issue 15): the spread of a point's error over its slices, the real
 loop's steps priced by a profile, the loop probe's variable-length policy, the fit of a policy's in-loop step
-excess, and the loop's CPU clock."""
+excess, the weight of the drift correction, and the loop's CPU clock."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from calibration.profiling.loop_costs import VariableLength
 from calibration.profiling.policy_steps import fit_excess
 from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.clock import LoopClock
+from calibration.validation.points import drift_weight
 from calibration.validation.report import slice_intervals
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
@@ -101,3 +102,14 @@ def test_cpu_clock_counts_sleeps_once_and_not_other_time() -> None:
     before = wall.now()
     time.sleep(0.02)
     assert wall.now() - before >= 0.02
+
+
+def test_drift_weight_corrects_what_the_probe_can_tell_from_its_own_noise() -> None:
+    """Every slice's probe read 2% apart before and after it (noise 1% about the mean: variance 1e-4): drifts whose
+    mean square is 4e-4 are corrected by 1 - 1e-4 / 4e-4; drifts no larger than that noise not at all; a noiseless
+    probe fully; no drift, nothing."""
+    before, after = np.full(4, 0.99), np.full(4, 1.01)
+    assert drift_weight(np.array([0.02, -0.02, 0.02, -0.02]), before, after) == pytest.approx(0.75)
+    assert drift_weight(np.array([0.01, -0.005, 0.0, 0.005]), before, after) == 0.0
+    assert drift_weight(np.array([0.03, 0.01]), np.ones(2), np.ones(2)) == 1.0
+    assert drift_weight(np.zeros(3), before[:3], after[:3]) == 0.0

@@ -20,11 +20,27 @@ from policies import make_policy
 from simulator.costs import HardwareProfile
 
 
+def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray) -> float:
+    """How much of the measured drift a run corrects for: ``1 - noise / mean(drifts**2)``, at least 0, where
+    ``noise`` is the reference probe's own variance - the mean square of each slice's half-difference between its
+    probe before and after, over their mean (``before_s``, ``after_s``: every slice's timings). The probe reads
+    the machine with an error of its own (state left by what ran before it: 1-2% on the idle 2-core machine,
+    about as much as the machine drifted there), and scaling a slice by that error adds it to the point's error;
+    on a loaded machine the drift dwarfs it and the weight comes near 1. 0 without drift."""
+    drifts, before_s, after_s = (np.asarray(a, dtype=np.float64) for a in (drifts, before_s, after_s))
+    signal = float(np.mean(drifts ** 2)) if drifts.size else 0.0
+    if signal == 0.0:
+        return 0.0
+    noise = float(np.mean(((after_s - before_s) / (after_s + before_s)) ** 2)) if before_s.size else 0.0
+    return max(0.0, 1.0 - noise / signal)
+
+
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any], reals: list[Any], drifts: np.ndarray,
-         profile: HardwareProfile) -> dict[str, Any]:
+         profile: HardwareProfile, weight: float = 1.0) -> dict[str, Any]:
     """A point's row, corrected for the machine's drift: slice k of the real loop ran ``1 + drifts[k]`` times as
     slow as the machine did while profiling (reference probe; across slices the simulator's error follows it with
-    a slope near 1), so its throughput and tok/s/user are scaled by ``1 + drifts[k]`` (``*_err`` corrected,
+    a slope near 1), so its throughput and tok/s/user are scaled by ``1 + weight * drifts[k]`` (``weight``: the
+    share of the drift the probe can tell from its own noise, :func:`drift_weight`; ``*_err`` corrected,
     ``*_err_raw`` as measured). A slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
     with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``)."""
     kept = [k for k, drift in enumerate(drifts) if abs(drift) <= cfg.drift_tolerance]
@@ -32,14 +48,15 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any],
     row = point_row(*point, pooled([sims[k] for k in use]), pooled([reals[k] for k in use]),
                     float(np.mean(drifts[use])))
     real_tps = np.array([reals[k].summary["output_tokens_per_s"] for k in use])
-    factor = float(np.sum(real_tps * (1 + drifts[use])) / np.sum(real_tps))
+    corrected = weight * drifts[use]
+    factor = float(np.sum(real_tps * (1 + corrected)) / np.sum(real_tps))
     for name in TARGET_METRICS:
         row[f"{name}_real_raw"], row[f"{name}_err_raw"] = row[f"{name}_real"], row[f"{name}_err"]
         row[f"{name}_real"] *= factor
         row[f"{name}_err"] = row[f"{name}_sim"] / row[f"{name}_real"] - 1
     row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
-               spoiled=2 * len(kept) < len(drifts), drift_factor=factor)
-    row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use], drifts[use]))
+               spoiled=2 * len(kept) < len(drifts), drift_factor=factor, drift_weight=weight)
+    row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use], corrected))
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
                                              policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,

@@ -51,7 +51,7 @@ from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.specdec import ContextCost
 from calibration.validation.bench_export import write_benchmark
-from calibration.validation.points import point_result
+from calibration.validation.points import drift_weight, point_result
 from calibration.validation.report import (
     frontier_figure,
     markdown_table,
@@ -83,6 +83,10 @@ LONG_CONTEXT: dict[str, Any] = {"prompt_tokens": 2048, "length_sigma": 0.35, "pr
                                 "profile_version": 2, "log_requests": 24}
 
 
+# One timing of the reference probe around a profiling pass or a real slice (seconds; see speed_reference).
+PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s")
+
+
 @dataclass(frozen=True)
 class Validation:
     """What a run produced: the side-by-side table (one row per point) and the inputs it was built from."""
@@ -95,6 +99,7 @@ class Validation:
     real: dict[tuple[str, int], list[Any]]  # (policy, users) -> ServingResults of its slices
     sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
     slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
+    probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -115,17 +120,21 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             first_setups = {g: simulator_setup(cfg, first, path, g, first) for g, path in log_paths.items()}
             for point in points:
                 Cluster(_simulation_spec(cfg, point, first_setups, 0))
+        probe_log: list[dict[str, Any]] = []
         profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress,
-                                                                        check)
+                                                                        check, probe_log)
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
+        slice_probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS)).query("phase == 'slice'")
+        weight = drift_weight(np.concatenate([np.array(drifts[p]) / profile_reference_s - 1 for p in points]),
+                              slice_probes["before_s"].to_numpy(), slice_probes["after_s"].to_numpy())
         for point in points:
             sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = np.array(drifts[point]) / profile_reference_s - 1
-            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile))
+            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows))
+                      pd.DataFrame(slice_rows), pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS)))
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -153,12 +162,13 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 
 
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
-             progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None
+             progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None,
+             probe_log: list[dict[str, Any]] | None = None
              ) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
     every point. Returns the element-wise median of the rounds' profiles, the first pass (what the real loop's policies
     price with), the reference probe's mean during profiling, the real slices of each point and the probe timed
-    around each of them.
+    around each of them. ``probe_log`` gets one record per bracket of the probe (:data:`PROBE_COLUMNS`).
 
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
@@ -169,6 +179,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
     the step cost ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
     """
     passes, profile_refs = [], []
+    log = probe_log if probe_log is not None else []
     reals: dict[tuple[str, int], list] = {p: [] for p in points}
     probes: dict[tuple[str, int], list[float]] = {p: [] for p in points}
     for round_idx in range(cfg.rounds):
@@ -176,7 +187,9 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
             before_s = reference()
             passes.append(measure_profile(cfg, models))
-            profile_refs.append(0.5 * (before_s + reference()))
+            after_s = reference()
+            profile_refs.append(0.5 * (before_s + after_s))
+            log.append(dict(zip(PROBE_COLUMNS, (round_idx, "profile", "", 0, before_s, after_s), strict=True)))
             if round_idx == 0:
                 check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
         shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
@@ -191,7 +204,9 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             reals[(name, users)].append(serve(ServingSpec(
                 policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
                 cfg.seed + round_idx, cfg.prefill, clock=cfg.clock), serving_models))  # type: ignore[arg-type]
-            probes[(name, users)].append(0.5 * (before_s + reference()))
+            after_s = reference()
+            probes[(name, users)].append(0.5 * (before_s + after_s))
+            log.append(dict(zip(PROBE_COLUMNS, (round_idx, "slice", name, users, before_s, after_s), strict=True)))
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], float(np.median(profile_refs)), reals, probes
 
@@ -237,6 +252,7 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
         paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
     result.slices.to_csv(out / "slices.csv", index=False)
+    result.probes.to_csv(out / "probes.csv", index=False)
     paths["report"].write_text(report_text(result) + "\n")
     fig = frontier_figure(result.table, f"{result.models}\nsolid: real loop, dashed: simulator "
                                         f"({result.profile.source} profile of this machine)")
@@ -283,7 +299,9 @@ def report_text(result: Validation) -> str:
         "worst |relative error|: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items())
         + "; mean |relative error|: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
-        + refusal_note(result.table, cfg.drift_tolerance),
+        + refusal_note(result.table, cfg.drift_tolerance)
+        + (f"; drift correction weight {result.table['drift_weight'].iloc[0]:.2f} (1 - the reference probe's own "
+           "noise over the drifts' mean square)" if "drift_weight" in result.table and len(result.table) else ""),
     ]
     return "\n".join(lines)
 
