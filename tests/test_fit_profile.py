@@ -240,6 +240,27 @@ def test_profile_and_alternatives_load_in_the_simulator():
     assert low.verify_s(8, 64) > 1.3 * high.verify_s(8, 64)
 
 
+def test_the_curve_beyond_the_largest_batch_run_ranges_from_flat_to_its_continuation():
+    """No-spec runs reach 32 batch tokens; a profile to 64 has knots beyond them. Their range runs from the value at
+    the last knot a run touches (flat: no batch costs less than a smaller one) to the fitted continuation, both
+    ends explain the runs equally well, and the flat end is an alternative profile."""
+    report = fit_runs(known_runs(configs=((0, 1.0),)),
+                      FitConfig(drafter_cost=DrafterCost(DRAFT_FIXED_S, DRAFT_PER_POSITION_S, 0.0),
+                                max_batch_tokens=64))
+    knots = report.model.knots_tokens
+    assert knots[-1] == 64 and 32 in knots
+    beyond = [report.identification.by_name(f"dense_s[B={k:g}]") for k in knots[knots > 32]]
+    at_32 = report.identification.by_name("dense_s[B=32]").best
+    assert beyond and all(r.status == "extrapolated" for r in beyond)
+    assert all(r.low == pytest.approx(at_32) and r.high == r.best > at_32 for r in beyond)
+    flat = report.identification.alternatives["dense_beyond_data.flat"]
+    # the same step time at every run (the smoothness of the curve, not the data, prefers the continuation)
+    np.testing.assert_allclose(report.fit.problem.relative_errors(flat), report.fit.relative_errors, atol=1e-9)
+    values = report.model.dense_values(flat)
+    assert values[knots > 32] == pytest.approx(np.full(len(beyond), at_32))
+    assert values[knots <= 32] == pytest.approx(report.model.dense_values(report.fit.theta)[knots <= 32])
+
+
 # ---------------------------------------------------------------- the command and the interval downstream
 
 
@@ -286,7 +307,8 @@ def test_interval_is_carried_into_the_summary():
     low, high = summary["output_tokens_per_s_low"], summary["output_tokens_per_s_high"]
     assert low <= summary["output_tokens_per_s"] <= high and high > 1.1 * low
     assert summary["tokens_per_s_per_user_low"]["mean"] < summary["tokens_per_s_per_user_high"]["mean"]
-    assert summary["interval_profiles"] == ["per_request_s.high", "per_request_s.low"]
+    # mtp3 at 16 users runs batches of up to 64 tokens, the no-spec runs reach 32: the flat end is carried too
+    assert summary["interval_profiles"] == ["dense_beyond_data.flat", "per_request_s.high", "per_request_s.low"]
 
 
 def test_benchmark_export_of_loop_results_reads_back(tmp_path: Path, default_profile):

@@ -22,11 +22,18 @@ Status, in plain words:
   parameters explains every run exactly as well); the range is bounded only by
   costs being >= 0, the prior, or the smoothness of the dense curve;
 * ``extrapolated``: no run has a batch near this dense knot; its value is the
-  smooth continuation of the fitted curve.
+  smooth continuation of the fitted curve. Beyond the largest batch any run
+  reaches, the range runs from a flat curve (no batch costs less than a smaller
+  one) to that continuation: the runs cannot tell whether the curve keeps its
+  last slope (a cliff above it is for the user to state).
 
 The **alternatives** are the fits at both ends of every range that is not
-identified (the drafter and cost-split parameters first); the profile carries
-them so that simulations report an interval (:mod:`calibration.fitting.export`).
+identified (the drafter and cost-split parameters first) and, when the curve
+has knots beyond the data, the best fit held flat beyond the largest batch
+(``dense_beyond_data.flat``); the profile carries them so that simulations
+report an interval (:mod:`calibration.fitting.export`). A fixed k larger than
+the runs' (mtp7 from mtp1/mtp3 runs) reaches batches no run did; its interval
+says how much that extrapolation is worth.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ NULL_LOADING = 1e-3  # a quantity with this share on a null direction of the dat
 IDENTIFIED_RELATIVE = 0.2
 MAX_ALTERNATIVES = 6
 STATUSES = ("identified", "poorly identified", "not identified", "extrapolated")
+FLAT_BEYOND_DATA = "dense_beyond_data.flat"  # the alternative with the dense curve flat beyond the largest batch run
 
 
 @dataclass(frozen=True)
@@ -151,18 +159,25 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
     num_smooth = max(model.num_dense - 2, 0)
     null_data, scale_data = null_space(problem.matrix[: problem.num_data + num_smooth])
     null_full, scale_full = null_space(problem.matrix)
-    hats_any = model.hats(problem.obs.batch_tokens).max(axis=0) > 0
+    hats_any = model.hats(problem.obs.batch_tokens).max(axis=0) > 1e-9  # a batch of 32.00000001 is the knot at 32
     inside = np.flatnonzero(hats_any)
     step_ref = float(np.median(problem.obs.step_s))
     threshold = fit.chi2 + delta_chi2
+    flat = flat_beyond_data(fit.theta, model, int(inside[-1]))
     ranges = []
     for (name, vec), reach in zip(model.quantities(), _reach(model, problem), strict=True):
         best = float(vec @ fit.theta)
         j = model.num_dense if not name.startswith("dense_s[") else list(model.knots_tokens).index(
             float(name[len("dense_s[B="):-1]))
+        if j < model.num_dense and j > inside[-1] and flat is not None:
+            low = float(vec @ flat)
+            ranges.append(ParameterRange(name, best, low, best, "extrapolated",
+                                         "no run at or beyond this batch size: from flat beyond the largest batch "
+                                         "run to the curve's smooth continuation", flat, fit.theta))
+            continue
         if j < model.num_dense and not inside[0] <= j <= inside[-1]:
             ranges.append(ParameterRange(name, best, best, best, "extrapolated",
-                                         "no run at or beyond this batch size: the smooth continuation of the curve"))
+                                         "no run at or below this batch size: the smooth continuation of the curve"))
             continue
         if reach == 0:
             ranges.append(ParameterRange(name, best, best, best, "extrapolated", "no run exercises it"))
@@ -175,7 +190,20 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
         ranges.append(ParameterRange(name, best, low, high, status, reason, theta_low, theta_high,
                                      on_null >= NULL_LOADING))
     directions = [{model.names[i]: float(v) for i, v in enumerate(col) if abs(v) >= 0.05} for col in null_data.T]
-    return Identification(ranges, directions, _alternatives(ranges, problem, step_ref), delta_chi2)
+    alternatives = _alternatives(ranges, problem, step_ref)
+    if flat is not None:
+        alternatives[FLAT_BEYOND_DATA] = flat
+    return Identification(ranges, directions, alternatives, delta_chi2)
+
+
+def flat_beyond_data(theta: np.ndarray, model: CostModel, last_inside: int) -> np.ndarray | None:
+    """``theta`` with the dense curve's rises after knot ``last_inside`` (the last one a run's batch touches) set
+    to 0: the cheapest curve beyond the data that still never falls. None when no knot lies beyond the data."""
+    if last_inside >= model.num_dense - 1:
+        return None
+    flat = np.array(theta, dtype=np.float64)
+    flat[last_inside + 1: model.num_dense] = 0.0
+    return flat
 
 
 def _status(best: float, low: float, high: float, reach: float, step_ref: float, noise: float,

@@ -54,7 +54,8 @@ def parameter_table(report: FitReport) -> str:
              f"{100 * report.fit.noise:.2g}% noise per run):",
              f"  {'parameter':<32} {'value':>16} {'range of equally good fits':>34}  status"]
     for r in ident.ranges:
-        span = "-" if r.status == "extrapolated" else f"{_value(r.name, r.low)} .. {_value(r.name, r.high)}"
+        span = ("-" if r.status == "extrapolated" and r.low == r.high else
+                f"{_value(r.name, r.low)} .. {_value(r.name, r.high)}")
         lines.append(f"  {r.name:<32} {_value(r.name, central[r.name]):>16} {span:>34}  {r.status}")
     return "\n".join(lines)
 
@@ -99,6 +100,10 @@ def unidentified_words(report: FitReport) -> str:
     extrapolated = [r.name for r in ident.ranges if r.status == "extrapolated"]
     if extrapolated:
         lines.append(f"  - set by no run (smooth continuation or given): {', '.join(extrapolated)}")
+    beyond = [r for r in ident.ranges if r.status == "extrapolated" and r.low < r.high]
+    if beyond:
+        lines.append(f"  - beyond the largest batch any run reaches ({beyond[0].name} and up): the curve may stay flat "
+                     "or keep its last slope; both are carried forward")
     alternatives = list(ident.alternatives)
     if alternatives:
         lines.append(f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
