@@ -240,10 +240,11 @@ def test_profile_and_alternatives_load_in_the_simulator():
     assert low.verify_s(8, 64) > 1.3 * high.verify_s(8, 64)
 
 
-def test_the_curve_beyond_the_largest_batch_run_ranges_from_flat_to_its_continuation():
+def test_the_curve_beyond_the_largest_batch_run_ranges_from_flat_to_proportional():
     """No-spec runs reach 32 batch tokens; a profile to 64 has knots beyond them. Their range runs from the value at
-    the last knot a run touches (flat: no batch costs less than a smaller one) to the fitted continuation, both
-    ends explain the runs equally well, and the flat end is an alternative profile."""
+    the last knot a run touches (flat: no batch costs less than a smaller one) to that value times B / 32 (no batch
+    costs more than steps of 32 that hold its tokens), the fitted continuation between; both ends explain the runs
+    as well as the best fit and are alternative profiles."""
     report = fit_runs(known_runs(configs=((0, 1.0),)),
                       FitConfig(drafter_cost=DrafterCost(DRAFT_FIXED_S, DRAFT_PER_POSITION_S, 0.0),
                                 max_batch_tokens=64))
@@ -252,8 +253,13 @@ def test_the_curve_beyond_the_largest_batch_run_ranges_from_flat_to_its_continua
     beyond = [report.identification.by_name(f"dense_s[B={k:g}]") for k in knots[knots > 32]]
     at_32 = report.identification.by_name("dense_s[B=32]").best
     assert beyond and all(r.status == "extrapolated" for r in beyond)
-    assert all(r.low == pytest.approx(at_32) and r.high == r.best > at_32 for r in beyond)
+    for r, knot in zip(beyond, knots[knots > 32], strict=True):
+        assert r.low == pytest.approx(at_32) and r.high == pytest.approx(at_32 * knot / 32)
+        assert r.low < r.best < r.high
     flat = report.identification.alternatives["dense_beyond_data.flat"]
+    proportional = report.identification.alternatives["dense_beyond_data.proportional"]
+    np.testing.assert_allclose(report.fit.problem.relative_errors(proportional), report.fit.relative_errors,
+                               atol=1e-9)
     # the same step time at every run (the smoothness of the curve, not the data, prefers the continuation)
     np.testing.assert_allclose(report.fit.problem.relative_errors(flat), report.fit.relative_errors, atol=1e-9)
     values = report.model.dense_values(flat)
@@ -308,7 +314,8 @@ def test_interval_is_carried_into_the_summary():
     assert low <= summary["output_tokens_per_s"] <= high and high > 1.1 * low
     assert summary["tokens_per_s_per_user_low"]["mean"] < summary["tokens_per_s_per_user_high"]["mean"]
     # mtp3 at 16 users runs batches of up to 64 tokens, the no-spec runs reach 32: the flat end is carried too
-    assert summary["interval_profiles"] == ["dense_beyond_data.flat", "per_request_s.high", "per_request_s.low"]
+    assert summary["interval_profiles"] == ["dense_beyond_data.flat", "dense_beyond_data.proportional",
+                                            "per_request_s.high", "per_request_s.low"]
 
 
 def test_benchmark_export_of_loop_results_reads_back(tmp_path: Path, default_profile):

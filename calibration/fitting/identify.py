@@ -24,16 +24,18 @@ Status, in plain words:
 * ``extrapolated``: no run has a batch near this dense knot; its value is the
   smooth continuation of the fitted curve. Beyond the largest batch any run
   reaches, the range runs from a flat curve (no batch costs less than a smaller
-  one) to that continuation: the runs cannot tell whether the curve keeps its
-  last slope (a cliff above it is for the user to state).
+  one) to a curve proportional to the batch from the last knot a run touches
+  (no batch costs more than two steps of half its size would): the runs
+  cannot tell how the curve goes on (a cliff there is for the user to state).
 
 The **alternatives** are the fits at both ends of every range that is not
 identified (the drafter and cost-split parameters first) and, when the curve
-has knots beyond the data, the best fit held flat beyond the largest batch
-(``dense_beyond_data.flat``); the profile carries them so that simulations
-report an interval (:mod:`calibration.fitting.export`). A fixed k larger than
-the runs' (mtp7 from mtp1/mtp3 runs) reaches batches no run did; its interval
-says how much that extrapolation is worth.
+has knots beyond the data, the best fit with the curve flat and proportional
+beyond the largest batch (``dense_beyond_data.flat`` / ``.proportional``); the
+profile carries them so that simulations report an interval
+(:mod:`calibration.fitting.export`). A fixed k larger than the runs' (mtp7 from
+mtp1/mtp3 runs) reaches batches no run did; its interval says how much that
+extrapolation is worth.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ NULL_LOADING = 1e-3  # a quantity with this share on a null direction of the dat
 IDENTIFIED_RELATIVE = 0.2
 MAX_ALTERNATIVES = 6
 STATUSES = ("identified", "poorly identified", "not identified", "extrapolated")
-FLAT_BEYOND_DATA = "dense_beyond_data.flat"  # the alternative with the dense curve flat beyond the largest batch run
+# The alternatives with the dense curve flat / proportional to the batch beyond the largest batch any run reaches
+BEYOND_DATA = ("dense_beyond_data.flat", "dense_beyond_data.proportional")
 
 
 @dataclass(frozen=True)
@@ -163,17 +166,17 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
     inside = np.flatnonzero(hats_any)
     step_ref = float(np.median(problem.obs.step_s))
     threshold = fit.chi2 + delta_chi2
-    flat = flat_beyond_data(fit.theta, model, int(inside[-1]))
+    beyond = curves_beyond_data(fit.theta, model, int(inside[-1]))
     ranges = []
     for (name, vec), reach in zip(model.quantities(), _reach(model, problem), strict=True):
         best = float(vec @ fit.theta)
         j = model.num_dense if not name.startswith("dense_s[") else list(model.knots_tokens).index(
             float(name[len("dense_s[B="):-1]))
-        if j < model.num_dense and j > inside[-1] and flat is not None:
-            low = float(vec @ flat)
-            ranges.append(ParameterRange(name, best, low, best, "extrapolated",
-                                         "no run at or beyond this batch size: from flat beyond the largest batch "
-                                         "run to the curve's smooth continuation", flat, fit.theta))
+        if j < model.num_dense and j > inside[-1] and beyond is not None:
+            ranges.append(ParameterRange(name, best, float(vec @ beyond[0]), float(vec @ beyond[1]), "extrapolated",
+                                         "no run at or beyond this batch size: from flat to proportional to the "
+                                         "batch beyond the largest batch run (best: the smooth continuation)",
+                                         *beyond))
             continue
         if j < model.num_dense and not inside[0] <= j <= inside[-1]:
             ranges.append(ParameterRange(name, best, best, best, "extrapolated",
@@ -191,19 +194,25 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
                                      on_null >= NULL_LOADING))
     directions = [{model.names[i]: float(v) for i, v in enumerate(col) if abs(v) >= 0.05} for col in null_data.T]
     alternatives = _alternatives(ranges, problem, step_ref)
-    if flat is not None:
-        alternatives[FLAT_BEYOND_DATA] = flat
+    if beyond is not None:
+        alternatives.update(zip(BEYOND_DATA, beyond, strict=True))
     return Identification(ranges, directions, alternatives, delta_chi2)
 
 
-def flat_beyond_data(theta: np.ndarray, model: CostModel, last_inside: int) -> np.ndarray | None:
-    """``theta`` with the dense curve's rises after knot ``last_inside`` (the last one a run's batch touches) set
-    to 0: the cheapest curve beyond the data that still never falls. None when no knot lies beyond the data."""
+def curves_beyond_data(theta: np.ndarray, model: CostModel, last_inside: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``theta`` with the dense curve beyond knot ``last_inside`` (the last one a run's batch touches) flat, and
+    proportional to the batch from that knot's value: the cheapest and the dearest curves the runs allow there if
+    a batch never costs less than a smaller one, nor more than smaller steps that hold the same tokens. None when
+    no knot lies beyond the data."""
     if last_inside >= model.num_dense - 1:
         return None
+    knots, end = model.knots_tokens, model.num_dense
     flat = np.array(theta, dtype=np.float64)
-    flat[last_inside + 1: model.num_dense] = 0.0
-    return flat
+    flat[last_inside + 1: end] = 0.0
+    proportional = flat.copy()
+    per_token_s = float(model.dense_values(theta)[last_inside]) / float(knots[last_inside])
+    proportional[last_inside + 1: end] = per_token_s * np.diff(knots[last_inside:])
+    return flat, proportional
 
 
 def _status(best: float, low: float, high: float, reach: float, step_ref: float, noise: float,

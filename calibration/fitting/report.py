@@ -103,7 +103,7 @@ def unidentified_words(report: FitReport) -> str:
     beyond = [r for r in ident.ranges if r.status == "extrapolated" and r.low < r.high]
     if beyond:
         lines.append(f"  - beyond the largest batch any run reaches ({beyond[0].name} and up): the curve may stay flat "
-                     "or keep its last slope; both are carried forward")
+                     "or grow up to in proportion to the batch; both ends are carried forward")
     alternatives = list(ident.alternatives)
     if alternatives:
         lines.append(f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
