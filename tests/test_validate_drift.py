@@ -105,11 +105,15 @@ def test_cpu_clock_counts_sleeps_once_and_not_other_time() -> None:
 
 
 def test_drift_weight_corrects_what_the_probe_can_tell_from_its_own_noise() -> None:
-    """Every slice's probe read 2% apart before and after it (noise 1% about the mean: variance 1e-4): drifts whose
-    mean square is 4e-4 are corrected by 1 - 1e-4 / 4e-4; drifts no larger than that noise not at all; a noiseless
-    probe fully; no drift, nothing."""
+    """Every slice's probe read 2% apart before and after it (noise 1% about the mean: variance 1e-4) and the
+    profile passes' references 2% apart (relative variance 2e-4, over two passes 1e-4): drifts whose mean square is
+    4e-4 are corrected by 1 - 2e-4 / 4e-4; with one pass the reference counts as much as a slice's bracket; drifts
+    no larger than the noise are not corrected; a noiseless probe fully; no drift, nothing."""
     before, after = np.full(4, 0.99), np.full(4, 1.01)
-    assert drift_weight(np.array([0.02, -0.02, 0.02, -0.02]), before, after) == pytest.approx(0.75)
+    drifts = np.array([0.02, -0.02, 0.02, -0.02])
+    assert drift_weight(drifts, before, after, np.array([0.99, 1.01])) == pytest.approx(0.5)
+    assert drift_weight(drifts, before, after, np.array([1.0])) == pytest.approx(0.5)
+    assert drift_weight(drifts, before, after, np.array([1.0, 1.0])) == pytest.approx(0.75)
     assert drift_weight(np.array([0.01, -0.005, 0.0, 0.005]), before, after) == 0.0
-    assert drift_weight(np.array([0.03, 0.01]), np.ones(2), np.ones(2)) == 1.0
+    assert drift_weight(np.array([0.03, 0.01]), np.ones(2), np.ones(2), np.ones(3)) == 1.0
     assert drift_weight(np.zeros(3), before[:3], after[:3]) == 0.0

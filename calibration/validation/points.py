@@ -20,11 +20,14 @@ from policies import make_policy
 from simulator.costs import HardwareProfile
 
 
-def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray) -> float:
+def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray,
+                 reference_s: np.ndarray | None = None) -> float:
     """How much of the measured drift a run corrects for: ``1 - noise / mean(drifts**2)``, at least 0, where
-    ``noise`` is the reference probe's own variance - the mean square of each slice's half-difference between its
-    probe before and after, over their mean (``before_s``, ``after_s``: every slice's timings). The probe reads
-    the machine with an error of its own (state left by what ran before it: 1-2% on the idle 2-core machine,
+    ``noise`` is what the reference probe's own error adds to a slice's drift: the mean square of each slice's
+    half-difference between its probe before and after, over their mean (``before_s``, ``after_s``: every slice's
+    timings), plus the variance of the profiling-time reference itself - the spread of the profile passes' probe
+    means (``reference_s``) over their number, or the slices' figure when there is one pass. The probe reads the
+    machine with an error of its own (the state left by what ran before it: 1-2% on the idle 2-core machine,
     about as much as the machine drifted there), and scaling a slice by that error adds it to the point's error;
     on a loaded machine the drift dwarfs it and the weight comes near 1. 0 without drift."""
     drifts, before_s, after_s = (np.asarray(a, dtype=np.float64) for a in (drifts, before_s, after_s))
@@ -32,7 +35,9 @@ def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray) 
     if signal == 0.0:
         return 0.0
     noise = float(np.mean(((after_s - before_s) / (after_s + before_s)) ** 2)) if before_s.size else 0.0
-    return max(0.0, 1.0 - noise / signal)
+    refs = np.asarray(reference_s if reference_s is not None else [], dtype=np.float64)
+    reference_var = (float(np.var(refs / refs.mean(), ddof=1)) / refs.size if refs.size > 1 else noise)
+    return max(0.0, 1.0 - (noise + reference_var) / signal)
 
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any], reals: list[Any], drifts: np.ndarray,

@@ -125,9 +125,11 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
                                                                         check, probe_log)
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
-        slice_probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS)).query("phase == 'slice'")
+        probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
+        slice_probes, pass_probes = probes[probes["phase"] == "slice"], probes[probes["phase"] == "profile"]
         weight = drift_weight(np.concatenate([np.array(drifts[p]) / profile_reference_s - 1 for p in points]),
-                              slice_probes["before_s"].to_numpy(), slice_probes["after_s"].to_numpy())
+                              slice_probes["before_s"].to_numpy(), slice_probes["after_s"].to_numpy(),
+                              0.5 * (pass_probes["before_s"] + pass_probes["after_s"]).to_numpy())
         for point in points:
             sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = np.array(drifts[point]) / profile_reference_s - 1
