@@ -103,3 +103,29 @@ def test_the_fit_recovers_fixed_and_per_request_parts_from_mixed_steps():
     excess = MixedExcess(fit_excess(steps, 1), (0.0, 0.0), (4, 8))
     assert excess.entry() == pytest.approx({"fixed_s": FIXED_S, "per_request_s": PER_REQUEST_S})
     assert excess.metadata()["num_steps"] == len(steps)
+
+
+@pytest.mark.usefixtures("torch_one_thread")
+def test_the_chunked_loop_probe_fits_the_mixed_steps_of_real_runs(tiny_verifier_v8, v2_raw):
+    """The probe runs the real loop in chunked mode at each R >= 2, prices its steps and fits the mixed ones: a
+    profile block that loads, per-R means for the report, the decode-only steps' check beside them; it refuses a
+    profile that already has the field and probes that cannot mix (one user)."""
+    import torch
+
+    from calibration.models.drafters import build_drafter
+    from calibration.profiling.mixed_steps import measure_mixed_steps
+    from traces.synthetic import LengthSpec
+
+    drafter = build_drafter("dspark", tiny_verifier_v8, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    profile = profile_from_dict(v2_raw)
+    lengths = LengthSpec(prompt_median_tokens=40, prompt_sigma=0.3, output_median_tokens=6, output_sigma=0.3)
+    excess = measure_mixed_steps(tiny_verifier_v8, drafter, 3, (1, 2), profile, 16, lengths, (80, 12),
+                                 duration_s=0.4, warmup_s=0.05)
+    assert excess.num_users == (2,) and excess.fit.num_steps > 0
+    assert excess.fit.mean_priced_s[0] > 0 and np.isfinite(excess.decode_only_excess_s[0])
+    assert profile_from_dict(_with_field(v2_raw, excess.entry())).mixed_step == tuple(excess.entry().values())
+    with pytest.raises(ValueError, match="without prefill.mixed_step"):
+        measure_mixed_steps(tiny_verifier_v8, drafter, 3, (2,), profile_from_dict(_with_field(v2_raw)), 16, lengths,
+                            (80, 12))
+    with pytest.raises(ValueError, match="an R >= 2"):
+        measure_mixed_steps(tiny_verifier_v8, drafter, 3, (1,), profile, 16, lengths, (80, 12))

@@ -343,7 +343,8 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
                                                                                for n, f in excess.items()}}}
     meta["scheduler_source"] = SCHEDULER_SOURCE
     priced = profile_from_dict(out)
-    if token_budget is not None and (priced.chunk_attention is not None or priced.attention is not None):
+    prices_chunks = priced.chunk_attention is not None or priced.attention is not None
+    if token_budget is not None and prices_chunks and max(probe_requests) >= 2:  # one user never mixes
         on_point("serving-loop steps with prefill chunks beside decoding requests")
         mixed = measure_mixed_steps(model, drafter, gamma, probe_requests, priced, token_budget, lengths, longest,
                                     seed, clock=clock)
