@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.profiling.mixed_steps import MixedExcess
+from calibration.profiling.mixed_steps import MixedExcess, fit_mixed
 from calibration.profiling.policy_steps import fit_excess
 from calibration.profiling.step_prices import price_parts
 from policies import make_policy
@@ -92,6 +92,22 @@ def test_the_real_loops_step_prices_charge_it_as_the_engine_does(v2_raw):
     parts = [price_parts(steps, profile_from_dict(raw), "dspark", "mtp", 1, chunks=chunks)["verify_s"].to_numpy()
              for raw in (v2_raw, _with_field(v2_raw))]
     np.testing.assert_allclose(parts[1] - parts[0], [FIXED_S + 3 * PER_REQUEST_S, 0.0], atol=1e-12)
+
+
+def test_the_mixed_steps_excess_is_taken_beside_the_decode_steps_of_the_same_run():
+    """At 2 users the decode-only steps ran 0.3 ms above their price and the mixed ones 0.3 ms + FIXED_S + 2 x
+    PER_REQUEST_S; at 4 users the decode steps on price: the fit keeps what a mixed step adds beside a decode
+    step, and reports the decode steps' excess per R."""
+    rows = []
+    for users, offset_s in ((2, 3e-4), (4, 0.0)):
+        for r in (users - 1, users):
+            rows.append({"users": users, "num_requests": r, "prefill_tokens": 100, "mixed": True, "priced_s": 0.02,
+                         "excess_s": offset_s + FIXED_S + PER_REQUEST_S * r})
+        rows.append({"users": users, "num_requests": users, "prefill_tokens": 0, "mixed": False, "priced_s": 0.01,
+                     "excess_s": offset_s})
+    excess = fit_mixed(pd.DataFrame(rows * 3), (2, 4))
+    assert excess.entry() == pytest.approx({"fixed_s": FIXED_S, "per_request_s": PER_REQUEST_S})
+    assert excess.decode_only_excess_s == pytest.approx((3e-4, 0.0))
 
 
 def test_the_fit_recovers_fixed_and_per_request_parts_from_mixed_steps():

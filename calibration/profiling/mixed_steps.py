@@ -15,12 +15,15 @@ batches take.
 :func:`measure_mixed_steps` runs the serving loop in chunked mode with ``mtp1`` (a
 static policy: nothing policy-specific in the excess) on random prompts of the
 workload's lengths at each probed R >= 2, prices every step after warm-up with the
-profile being built, and fits the mean excess of the mixed steps (chunks and
-decoding requests) over their price as ``fixed_s + per_request_s * R`` (R: the
-step's decoding requests) by least squares - means, as the rest of the loop fit.
-That is the profile's ``prefill.mixed_step``. The steps of decoding requests alone
-in the same runs are priced too; their mean excess is reported beside it as a check
-(near 0 when the shared model holds).
+profile being built, and fits the excess of the mixed steps (chunks and decoding
+requests) over their price, less the mean excess of the steps of decoding requests
+alone in the same run, as ``fixed_s + per_request_s * R`` (R: the step's decoding
+requests) by least squares - means, as the rest of the loop fit. That is the
+profile's ``prefill.mixed_step``: what a mixed step costs beyond a decode step
+priced alike, measured side by side, so that the state of the machine during the
+probe (its decode steps ran 0.2-1.2 ms above their price in one pass at 2k-token
+contexts) does not land in it. The decode-only steps' mean excess is reported beside
+it.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ PROBE_POLICY = "mtp1"
 class MixedExcess:
     """The fit over the mixed steps and the check over the decode-only steps of the same runs."""
 
-    fit: PolicyExcess  # fixed_s + per_candidate_s * R: per_candidate_s is per decoding request here
+    fit: PolicyExcess  # fixed_s + per_candidate_s * R: per_candidate_s is per decoding request here; mean_excess_s
+    # are the mixed steps' excess less the decode-only steps' of the same run
     decode_only_excess_s: tuple[float, ...]  # [NR] mean excess of the steps without chunks at each probed R
     num_users: tuple[int, ...]
 
@@ -68,7 +72,8 @@ class MixedExcess:
                 "decode_only_mean_excess_s": list(self.decode_only_excess_s), "policy": PROBE_POLICY,
                 "definition": "mean of (step cycle - the profile's price) over the steps with prefill chunks and "
                               "decoding requests of chunked serving-loop runs (random prompts, seed + "
-                              f"{PROBE_SEED_OFFSET}), fitted as fixed_s + per_request_s * R"}
+                              f"{PROBE_SEED_OFFSET}), less the same mean over the run's steps of decoding requests "
+                              "alone, fitted as fixed_s + per_request_s * R"}
 
 
 def _probe(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, gamma: int, users: int,
@@ -110,10 +115,18 @@ def measure_mixed_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_re
         frames.append(_probe(verifier, drafter, profile, gamma, r, traffic, token_budget,
                              probe_duration_s(duration_s, r), warmup_s, seed + PROBE_SEED_OFFSET, clock))
     steps = pd.concat(frames, ignore_index=True)
-    mixed = steps[steps["mixed"]]
-    missing = sorted(set(probed) - set(mixed["users"]))
+    missing = sorted(set(probed) - set(steps.loc[steps["mixed"], "users"]))
     if missing:
         raise ValueError(f"the mixed-step probe ran no step with chunks beside decoding requests at {missing} users; "
                          f"lengthen it (duration_s {duration_s:g})")
+    return fit_mixed(steps, probed)
+
+
+def fit_mixed(steps: pd.DataFrame, probed: tuple[int, ...]) -> MixedExcess:
+    """The fit over priced probe steps (columns users, num_requests, prefill_tokens, mixed, excess_s, priced_s):
+    each mixed step's excess less the mean excess of its run's decode-only steps, ``fixed_s + per_request_s * R``."""
+    mixed = steps[steps["mixed"]]
     decode_only = steps[~steps["mixed"] & (steps["prefill_tokens"] == 0)].groupby("users")["excess_s"].mean()
-    return MixedExcess(fit_excess(mixed, 1), tuple(float(decode_only.get(r, np.nan)) for r in probed), probed)
+    baseline = mixed["users"].map(decode_only).fillna(0.0)  # a run without decode-only steps: nothing to subtract
+    fit = fit_excess(mixed.assign(excess_s=mixed["excess_s"] - baseline), 1)
+    return MixedExcess(fit, tuple(float(decode_only.get(r, np.nan)) for r in probed), probed)
