@@ -1,4 +1,5 @@
-"""The per-policy step probe runs again, longer, when its batch was never full after the first prefills."""
+"""The per-policy step probe runs again, longer, when its batch was never full after the first prefills; every
+loop probe runs in proportion to R above 2 users."""
 
 from __future__ import annotations
 
@@ -30,13 +31,17 @@ def test_a_probe_without_a_full_batch_runs_again_longer(monkeypatch, default_pro
     monkeypatch.setattr(policy_steps, "_probe_steps", _probe(full_after, calls))
     out = policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
                                             duration_s=0.8, warmup_s=0.2)
-    assert calls == pytest.approx([0.8 * k - 0.2 for k in stretches])
+    assert calls == pytest.approx([1.6 * k - 0.2 for k in stretches])  # 4 users: twice the 0.8 s of 1-2 users
     assert out["greedy"].num_steps == 1
 
 
 def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):
     monkeypatch.setattr(policy_steps, "_probe_steps", _probe(3, []))
-    with pytest.raises(ValueError, match=r"the greedy step probe ran no full-batch step at 4 users, even 3\.2 s after "
+    with pytest.raises(ValueError, match=r"the greedy step probe ran no full-batch step at 4 users, even 6\.4 s after "
                                          r"the first prefills; lengthen it \(duration_s\)"):
         policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
                                           duration_s=0.8, warmup_s=0.2)
+
+
+def test_probes_run_in_proportion_to_the_users_above_two():
+    assert [policy_steps.probe_duration_s(0.8, r) for r in (1, 2, 4, 8, 16)] == pytest.approx([0.8, 0.8, 1.6, 3.2, 6.4])

@@ -124,7 +124,8 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
                 if not steps.empty:
                     break
             if steps.empty:
-                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {4 * duration_s:g} "
+                longest_s = 4 * probe_duration_s(duration_s, r)
+                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {longest_s:g} "
                                  "s after the first prefills; lengthen it (duration_s)")
             priced = priced_steps_s(steps, profile, drafter.kind, name, g)
             frames.append(steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=r))
