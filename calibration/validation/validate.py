@@ -136,7 +136,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows), pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS)))
+                      pd.DataFrame(slice_rows), probes)
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
