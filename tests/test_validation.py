@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -253,8 +254,13 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     table = result.table
     assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
     for name in ("profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet", "points.csv",
-                 "validation.md", "frontier.png"):
+                 "validation.md", "frontier.png", "slices.csv", "probes.csv"):
         assert (out / name).stat().st_size > 0
+    # the reference probe around each of the 2 profile passes and each of the 12 slices, and the drift weight
+    probes = pd.read_csv(out / "probes.csv")
+    assert probes["phase"].value_counts().to_dict() == {"slice": 12, "profile": 2}
+    assert (probes[["before_s", "after_s"]] > 0).all().all()
+    assert table["drift_weight"].nunique() == 1 and 0.0 <= table["drift_weight"].iloc[0] <= 1.0
     assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
     # greedy and dspark are priced by their own steps in the loop probe (mtp by the shared model alone)
     meta = result.profile.metadata
