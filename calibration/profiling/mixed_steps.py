@@ -42,7 +42,7 @@ from calibration.profiling.policy_steps import (
     probe_duration_s,
     probe_pricing,
 )
-from calibration.profiling.step_prices import priced_steps_s
+from calibration.profiling.step_prices import priced_cycles, priced_steps_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from policies import make_policy
@@ -88,10 +88,7 @@ def _probe(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, gamma
     limits = EngineLimits(users, 1_000_000, max_num_batched_tokens=token_budget)
     results = serve(ServingSpec(policy, gamma, traffic, limits, duration_s=duration_s, warmup_s=warmup_s,
                                 seed=seed, prefill="chunked", clock=clock), models)
-    steps = results.steps
-    cycle_s = steps["end_at"].diff() - steps["wait_s"]  # less any sleep (idle, not step cost)
-    work = (steps["num_requests"] > 0) | (steps["prefill_tokens"] > 0)
-    kept = steps.assign(cycle_s=cycle_s)[(steps["start_at"] >= warmup_s) & work & cycle_s.notna()]
+    kept = priced_cycles(results.steps, warmup_s)
     priced = priced_steps_s(kept, profile, drafter.kind, policy.name, g, policy.synchronous, results.chunks)
     mixed = (kept["prefill_tokens"] > 0) & (kept["num_requests"] > 0)
     return kept.assign(priced_s=priced, excess_s=kept["cycle_s"] - priced, mixed=mixed, users=users)
