@@ -32,6 +32,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
 TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
 
 
+# Summary figures that count arrivals or the queue at the end of a run: windows laid end to end have neither.
+ARRIVAL_FIGURES = ("num_requests_arrived", "num_requests_arrived_in_run", "num_unfinished_at_end",
+                   "num_waiting_prefill_at_end", "num_prefilling_at_end", "num_waiting_decode_at_end",
+                   "num_decoding_at_end", "ttft_pending_s", "request_arrival_rate_per_s",
+                   "num_unfinished_at_window_start", "backlog_growth_per_s", "backlog_growth_late_per_s")
+
+
 def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
     """One summary of several runs of a point (real ``ServingResults`` run in slices, round-robin with the other
     points, or the simulator's ``Results`` of the same slices): their measurement windows laid end to end.
@@ -39,7 +46,8 @@ def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
     Each slice keeps its steps that ended inside its window and the first-token and finish times that fall
     inside it (the others become NaN, so that shifting a slice cannot move them into a neighbour's window).
     Throughput is then total tokens over total window seconds, per-request figures pool the requests finished
-    in any window, tau and the verification budget pool the steps. Per-position acceptance is left out (NaN).
+    in any window, tau and the verification budget pool the steps. Per-position acceptance is left out (NaN), and
+    so are the figures of arrivals and of the queue at the end (:data:`ARRIVAL_FIGURES`).
     """
     requests, steps, offset_s = [], [], 0.0
     for part in slices:
@@ -49,7 +57,7 @@ def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
         for col in ("first_token_at", "finished_at"):
             inside = (req[col] > start_s) & (req[col] <= end_s)
             req[col] = req[col].where(inside) + shift_s
-        req["arrival_at"] = -np.inf  # arrivals are not a pooled figure
+        req["arrival_at"] = np.nan  # arrivals are not a pooled figure (see ARRIVAL_FIGURES)
         st = part.steps[(part.steps["end_at"] > start_s) & (part.steps["end_at"] <= end_s)].copy()
         st["start_at"] += shift_s
         st["end_at"] += shift_s
@@ -59,7 +67,8 @@ def pooled_summary(slices: Sequence[Any]) -> dict[str, Any]:
     no_histogram = np.zeros(1, dtype=np.int64)
     out = summarize(pd.concat(requests, ignore_index=True), pd.concat(steps, ignore_index=True), no_histogram,
                     no_histogram, start_at=0.0, end_at=offset_s, num_decode_gpus=1)
-    out.pop("num_requests_arrived")
+    for key in ARRIVAL_FIGURES:
+        out.pop(key)
     out["acceptance_rate_per_position"] = []
     out["cpu_fraction"] = float(np.mean([part.summary.get("cpu_fraction", np.nan) for part in slices]))
     out["num_slices"] = len(slices)
