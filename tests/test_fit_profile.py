@@ -107,6 +107,24 @@ def test_sglang_reader(tmp_path: Path):
     assert plain.num_speculative_tokens == 0 and (spec.num_speculative_tokens, spec.acceptance_length) == (3, 2.2)
 
 
+def test_json_flavour_from_content_not_extension(tmp_path: Path):
+    sglang, vllm = dict(_vllm(), accept_length=2.2, num_speculative_tokens=3), _vllm(
+        spec_decode_acceptance_length=2.5, num_speculative_tokens=3)
+    (tmp_path / "sglang.json").write_text(json.dumps(sglang))  # an SGLang result saved as *.json
+    (tmp_path / "vllm.jsonl").write_text(json.dumps(vllm) + "\n")  # vLLM --append-result lines in *.jsonl
+    from_sglang, from_vllm = read_results([tmp_path / "sglang.json", tmp_path / "vllm.jsonl"])
+    assert (from_sglang.acceptance_length, from_vllm.acceptance_length) == (2.2, 2.5)
+    # read as the other tool's, the speculation field is an error, never ignored (it would make a no-spec run)
+    with pytest.raises(ResultsError, match=r"sglang\.json row 1: field 'accept_length' is SGLang's, but the file "
+                                           r"is read as vllm"):
+        read_results([tmp_path / "sglang.json"], "vllm")
+    with pytest.raises(ResultsError, match=r"field 'spec_decode_acceptance_length' is vLLM's"):
+        read_results([tmp_path / "vllm.jsonl"], "sglang")
+    (tmp_path / "both.json").write_text(json.dumps(sglang) + "\n" + json.dumps(vllm) + "\n")
+    with pytest.raises(ResultsError, match=r"both\.json: holds both vLLM"):
+        read_results([tmp_path / "both.json"])
+
+
 def test_csv_reader(tmp_path: Path):
     (tmp_path / "r.csv").write_text(
         "concurrency,spec_method,num_speculative_tokens,mean_input_tokens,mean_output_tokens,output_throughput,"

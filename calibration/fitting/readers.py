@@ -15,6 +15,11 @@ the tools' files (per-request lists, server metadata) are not used.
   line. SGLang records ``accept_length`` but not the server's draft length, so a
   speculative line needs ``num_speculative_tokens`` added to it.
 * **CSV**: one row per run with the columns of :data:`CSV_COLUMNS`.
+
+With ``format="auto"`` a JSON file's flavour comes from its content where the two differ: a record with vLLM's
+``spec_decode_*`` fields is vLLM's, one with SGLang's ``accept_length`` is SGLang's, whatever the extension (an
+SGLang result saved as ``*.json``, vLLM's ``--append-result`` lines in ``*.jsonl``); a file without either reads
+alike both ways and goes by its extension. Read as the other tool's, either field is an error, never ignored.
 """
 
 from __future__ import annotations
@@ -136,10 +141,27 @@ def _sglang_speculation(record: dict[str, Any], where: str) -> tuple[str, int, f
     return (NO_SPECULATION, 0, None) if k == 0 else (str(record.get("spec_method") or "spec"), k, acceptance)
 
 
+VLLM_SPECULATION_PREFIX = "spec_decode_"  # vLLM's speculation fields
+SGLANG_ACCEPTANCE = "accept_length"  # SGLang's
+
+
+def _flavour(record: dict[str, Any]) -> str | None:
+    """"vllm" or "sglang" when the record holds that tool's speculation fields (not null), else None."""
+    vllm = any(key.startswith(VLLM_SPECULATION_PREFIX) and value is not None for key, value in record.items())
+    sglang = record.get(SGLANG_ACCEPTANCE) is not None
+    return None if vllm == sglang else "vllm" if vllm else "sglang"
+
+
 def _from_json_record(record: Any, source: str, row: int, fmt: str) -> BenchmarkRun:
     where = f"{source} row {row}"
     if not isinstance(record, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    flavour = _flavour(record)
+    if flavour is not None and flavour != fmt:
+        field = SGLANG_ACCEPTANCE if flavour == "sglang" else next(
+            key for key, value in record.items() if key.startswith(VLLM_SPECULATION_PREFIX) and value is not None)
+        raise ResultsError(f"{where}: field '{field}' is {'SGLang' if flavour == 'sglang' else 'vLLM'}'s, but the "
+                           f"file is read as {fmt}; read it as {flavour} (--format {flavour}, or auto)")
     for field in JSON_REQUIRED:
         _required(record, field, where, JSON_REQUIRED)
     completed = _number(record["completed"], where, "completed")
@@ -179,14 +201,26 @@ def _json_objects(path: Path) -> list[Any]:
     return objects
 
 
-def read_vllm(path: str | Path) -> list[BenchmarkRun]:
+def _read_json(path: str | Path, fmt: str) -> list[BenchmarkRun]:
     path = Path(path)
-    return [_from_json_record(obj, str(path), i, "vllm") for i, obj in enumerate(_json_objects(path), start=1)]
+    return [_from_json_record(obj, str(path), i, fmt) for i, obj in enumerate(_json_objects(path), start=1)]
+
+
+def read_vllm(path: str | Path) -> list[BenchmarkRun]:
+    return _read_json(path, "vllm")
 
 
 def read_sglang(path: str | Path) -> list[BenchmarkRun]:
-    path = Path(path)
-    return [_from_json_record(obj, str(path), i, "sglang") for i, obj in enumerate(_json_objects(path), start=1)]
+    return _read_json(path, "sglang")
+
+
+def json_flavour(path: Path) -> str:
+    """vllm or sglang, from the file's records (see the module docstring), else from its extension."""
+    found = {f for obj in _json_objects(path) if isinstance(obj, dict) and (f := _flavour(obj)) is not None}
+    if len(found) > 1:
+        raise ResultsError(f"{path}: holds both vLLM ({VLLM_SPECULATION_PREFIX}*) and SGLang ({SGLANG_ACCEPTANCE}) "
+                           "records; put each tool's results in a file of its own")
+    return found.pop() if found else EXTENSIONS[path.suffix.lower()]
 
 
 def _from_csv_row(record: dict[str, str], source: str, row: int) -> BenchmarkRun:
@@ -244,7 +278,7 @@ def detect_format(path: Path) -> str:
     if fmt is None:
         raise ResultsError(f"{path}: cannot tell the format from the extension {path.suffix!r}; name it "
                            f"{', '.join(f'*{e} ({f})' for e, f in EXTENSIONS.items())} or pass --format")
-    return fmt
+    return fmt if fmt == "csv" else json_flavour(path)
 
 
 def read_results(paths: list[str | Path], fmt: ResultsFormat = "auto") -> list[BenchmarkRun]:
