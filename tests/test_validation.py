@@ -253,8 +253,8 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
                    "--out", str(out)])
     table = result.table
     assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
-    for name in ("profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet", "points.csv",
-                 "validation.md", "frontier.png", "slices.csv", "probes.csv"):
+    for name in ("profile.json", "pricing_profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet",
+                 "points.csv", "validation.md", "frontier.png", "slices.csv", "probes.csv"):
         assert (out / name).stat().st_size > 0
     # the reference probe around each of the 2 profile passes and each of the 12 slices, and the drift weight
     probes = pd.read_csv(out / "probes.csv")

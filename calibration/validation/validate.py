@@ -100,6 +100,7 @@ class Validation:
     sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
     slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
     probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
+    pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -136,7 +137,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows), probes)
+                      pd.DataFrame(slice_rows), probes, pricing)
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -244,12 +245,15 @@ def _simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
-    """profile.json, acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real
-    tables (requests, steps and, chunked, the prefill chunks: ``real_<policy>_u<users>_<table>.parquet``)."""
+    """profile.json, pricing_profile.json, acceptance_log_g<draft tokens>.parquet, points.csv, validation.md,
+    frontier.png and the real tables (requests, steps and, chunked, the prefill chunks:
+    ``real_<policy>_u<users>_<table>.parquet``)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
     write_profile(result.profile.raw, paths["profile"])
+    if result.pricing is not None:  # with the logs and config.json, what re-simulates every point exactly
+        paths["pricing"] = write_profile(result.pricing.raw, out / "pricing_profile.json")
     for num_draft, log in result.logs.items():
         paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
