@@ -21,8 +21,10 @@ The path a user takes, tested end to end on our own ground truth:
 
 Writes the validation's outputs plus ``bench/`` (the benchmark files), ``heldout_config.json``,
 ``fitted_profile.json``, ``heldout.csv`` and ``heldout.md``. The analysis (steps 3 and 4) reads only those
-files: ``--reanalyse DIR`` repeats it without serving (``--step itl`` fits the mean ITL as the step time
-instead of TPOT x acceptance length; outputs then end in ``_itl``).
+files: ``--reanalyse DIR`` repeats it without serving. The fit's step time is the mean ITL (the loop streams
+one chunk per step, so its ITL is the step; it did better than TPOT x acceptance length in every run in
+``docs/calibration.md``); ``--step tpot`` fits TPOT x acceptance length, as a user with TPOT only would, and
+its outputs end in ``_tpot``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class HeldOut:
 
 
 def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: HardwareProfile, created: str,
-                        step: StepEstimate = "tpot") -> tuple[FitReport, dict[str, Any]]:
+                        step: StepEstimate = "itl") -> tuple[FitReport, dict[str, Any]]:
     """Fit from the none/mtp1/mtp3 rows of the benchmark CSV; the scheduler block comes from ``measured``."""
     allowed = {make_policy(p).draft_tokens(cfg.gamma) for p in FIT_POLICIES}
     runs = [r for r in read_results([bench_csv]) if r.num_speculative_tokens in allowed]
@@ -166,6 +168,12 @@ def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str
     config = json.loads((out / "heldout_config.json").read_text())
     cfg = ValidationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     measured = load_profile(out / "profile.json")
+    # what the real loop's policies priced with; runs written before pricing_profile.json existed priced with
+    # their first pass, which they did not keep: the median of the passes stands in for it then
+    pricing_path = out / "pricing_profile.json"
+    if not pricing_path.is_file():
+        progress(f"{pricing_path} missing (an older run): the simulated policies price with profile.json")
+    pricing = load_profile(pricing_path) if pricing_path.is_file() else measured
     logs = {int(p.stem.rsplit("g", 1)[1]): p for p in sorted(out.glob("acceptance_log_g*.parquet"))}
     progress(f"fitting a profile to the none/mtp1/mtp3 benchmark results (step time from {step})")
     report, data = fit_from_benchmarks(out / "bench" / "runs.csv", cfg, measured, created, step)
@@ -176,8 +184,8 @@ def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str
     for point in pd.read_csv(out / "points.csv").to_dict("records"):
         name, users = str(point["policy"]), int(point["num_users"])
         progress(f"{name} users={users}: simulating with the fitted profile and its alternatives")
-        sims = {n: _simulate_point(cfg, (name, users), p, logs, measured) for n, p in alternatives.items()}
-        row = _row((name, users), _simulate_point(cfg, (name, users), central, logs, measured), sims,
+        sims = {n: _simulate_point(cfg, (name, users), p, logs, pricing) for n, p in alternatives.items()}
+        row = _row((name, users), _simulate_point(cfg, (name, users), central, logs, pricing), sims,
                    real_summary(point), float(point["machine_drift"]))
         row["step_err"] = step_error(cfg, name, pd.read_parquet(out / f"real_{name}_u{users}_steps.parquet"), central)
         rows.append(row)
@@ -236,8 +244,9 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
 
 def main(argv: list[str] | None = None) -> HeldOut:
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--step", default="tpot", choices=["tpot", "itl"],
-                     help="the fit's step time: TPOT x acceptance length (what users have), or the mean ITL")
+    own.add_argument("--step", default="itl", choices=["itl", "tpot"],
+                     help="the fit's step time: the mean ITL (default; the loop streams one chunk per step), or "
+                          "TPOT x acceptance length (what every tool reports); outputs then end in _tpot")
     own.add_argument("--reanalyse", type=Path, default=None,
                      help="fit and predict again from an earlier run's output directory (no serving)")
     known, rest = own.parse_known_args(argv)
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> HeldOut:
     else:
         cfg, out = parse_args(rest)
         result = run_heldout(cfg, out, known.step, created, progress)
-    suffix = "" if known.step == "tpot" else f"_{known.step}"
+    suffix = "" if known.step == "itl" else f"_{known.step}"
     (out / f"fitted_profile{suffix}.json").write_text(json.dumps(result.profile, indent=1) + "\n")
     result.table.to_csv(out / f"heldout{suffix}.csv", index=False)
     text = "\n\n".join([full_report(result.report), markdown(result.table), "\n".join(summary_lines(result.table))])
