@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import simpy
@@ -97,9 +98,10 @@ class Cluster:
         key = f"token_budget.max_num_batched_tokens of {spec.profile.path}" if from_profile else \
             "cluster.max_num_batched_tokens"
         check_budget(demand, key)
-        for profile in (spec.profile, spec.policy_profile):
-            if profile is not None:
-                check_profile_covers(profile, spec.drafter.latency_table, demand)
+        charged = spec.policy.name if spec.profile.charges_decision(spec.policy.synchronous) else None
+        check_profile_covers(spec.profile, spec.drafter.latency_table, replace(demand, decision_policy=charged))
+        if spec.policy_profile is not None:  # the policy's own pricing has no decision in it
+            check_profile_covers(spec.policy_profile, spec.drafter.latency_table, demand)
         if spec.duration_s is None and isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
             raise ValueError("closed-loop traffic never ends: set duration_s")
 

@@ -67,6 +67,36 @@ def test_inline_scheduler_charges_every_policy_its_own_decision_time(raw):
     np.testing.assert_allclose(mtp, 1e-4 + 1e-6 * r)
 
 
+def test_a_policys_measured_decision_table_is_interpolated_and_checked_at_start(raw):
+    """``scheduler.policies.<name>`` as a table over candidates (R x g): read linearly between its points, and a
+    run whose decisions could fall outside it stops before the first simulated second, naming the field."""
+    from policies import make_policy
+    from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
+    from traces.synthetic import TrafficSpec
+
+    data = copy.deepcopy(raw)
+    data["scheduler"] = {"fixed_s": 0.0, "per_candidate_s": 0.0, "inline": True,
+                         "policies": {"greedy": {"num_candidates": [7, 14, 28], "s": [2e-4, 1e-4, 3e-4]}}}
+    profile = profile_from_dict(data, "<table>")
+    assert [profile.scheduler_s(c, "greedy") for c in (7, 14, 21, 28)] == pytest.approx([2e-4, 1e-4, 2e-4, 3e-4])
+    with pytest.raises(ValueError, match=r"scheduler\.policies\.greedy\.s over num_candidates: 35\.\.35 is outside "
+                                         r"the profiled range 7\.\.28 \(profile <table>\)"):
+        profile.scheduler_s(35, "greedy")
+
+    def spec(users: int, gamma: int = 7) -> SimulationSpec:
+        return SimulationSpec(policy=make_policy("greedy"), profile=profile, drafter=DrafterSpec("dspark", gamma),
+                              cluster=ClusterSpec(limits=EngineLimits(users, 100_000)),
+                              traffic=TrafficSpec(arrival="closed", num_users=users), duration_s=0.3, warmup_s=0.0,
+                              seed=0)
+    steps = simulate(spec(4)).steps
+    expected = np.interp(steps["num_requests"] * 7, [7, 14, 28], [2e-4, 1e-4, 3e-4])
+    np.testing.assert_allclose(steps["sched_s"], expected)
+    for users, gamma, needed in ((8, 7, "7..56"), (4, 3, "3..12")):
+        with pytest.raises(ValueError, match=rf"scheduler\.policies\.greedy\.num_candidates covers 7\.\.28, but "
+                                             rf"this run decides over {needed} "):
+            simulate(spec(users, gamma))
+
+
 def test_padded_query_slots_are_charged_per_slot(raw):
     """verify_s = 1/SPS(B) + per_request(R) + padded_slot_s * (R * max(1 + l_r) - B): static policies pad
     nothing; a confidence threshold mixes lengths and pays whole slots."""
@@ -116,6 +146,15 @@ def _write(tmp_path, data):
         (lambda d: d["scheduler"].__setitem__("policies", {"dspark": {"fixed_s": 1e-4}}),
          r"missing field 'scheduler\.policies\.dspark\.per_candidate_s'"),
         (lambda d: d["scheduler"].__setitem__("policies", [1]), r"scheduler\.policies' must map policy names"),
+        (lambda d: d["scheduler"].__setitem__("policies", {"greedy": {"num_candidates": [7, 7], "s": [0, 0]}}),
+         r"scheduler\.policies\.greedy\.num_candidates' must be strictly increasing \(duplicate"),
+        (lambda d: d["scheduler"].__setitem__("policies", {"greedy": {"num_candidates": [7, 14], "s": [0]}}),
+         r"scheduler\.policies\.greedy\.s' must be a list of 2 numbers"),
+        (lambda d: d["scheduler"].__setitem__("policies", {"greedy": {"num_candidates": [7], "s": [-1e-4]}}),
+         r"scheduler\.policies\.greedy\.s\[0\]' must be >= 0"),
+        (lambda d: d["scheduler"].__setitem__("policies", {"greedy": {"num_candidates": [7], "s": [0],
+                                                                       "fixed_s": 0}}),
+         r"unknown field 'scheduler\.policies\.greedy\.fixed_s'"),
     ],
 )
 def test_malformed_profiles_name_file_and_field(tmp_path, raw, mutate, message):

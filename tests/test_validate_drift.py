@@ -79,7 +79,7 @@ def test_policy_excess_is_a_mean_fit_over_candidates() -> None:
     fit = fit_excess(_excess_steps(users, [1e-4 + 2e-6 * r * 7 + n for r, n in zip(users, noise, strict=True)]), 7)
     assert fit.fixed_s == pytest.approx(1e-4) and fit.per_candidate_s == pytest.approx(2e-6)
     assert fit.mean_excess_s == pytest.approx((1e-4 + 14e-6, 1e-4 + 28e-6, 1e-4 + 56e-6, 1e-4 + 112e-6))
-    assert fit.num_steps == 8 and fit.entry() == {"fixed_s": fit.fixed_s, "per_candidate_s": fit.per_candidate_s}
+    assert fit.num_steps == 8 and fit.entry()["s"] == pytest.approx(list(fit.mean_excess_s))  # charged per R
     # a falling excess is noise: its mean, no slope; the mean is kept, not the median
     falling = fit_excess(_excess_steps([1, 2, 2], [3e-4, 1e-4, 2e-4]), 7)
     assert (falling.fixed_s, falling.per_candidate_s) == (pytest.approx(2e-4), 0.0)

@@ -14,12 +14,15 @@ priced, the policy pricing its steps with the profile being built (as the valida
 runs do), at each probed R, and prices every one of its full-batch steps with that
 profile's shared model (drafter, verifier forward with query padding, per-request
 work, attention at the step's contexts; no decision). The step cycle minus that
-price is the policy's in-loop excess, fitted as ``fixed_s + per_candidate_s * R *
-g`` (g: the policy's draft length) by least squares over every step - means, as the
-rest of the loop fit: throughput is tokens over the sum of step times. Those two
-figures are what the simulator charges per step of that policy
-(``scheduler.policies.<name>``, with ``scheduler.inline``), so that they replace
-the isolated decision timing.
+price is the policy's in-loop excess. Its mean at each probed R - means, as the
+rest of the loop fit: throughput is tokens over the sum of step times - is what the
+simulator charges per step of that policy, as a table over the step's candidates
+``R * g`` (g: the policy's draft length; ``scheduler.policies.<name>`` with
+``num_candidates`` and ``s``, and ``scheduler.inline``), replacing the isolated
+decision timing. The excess is not a line in R: on the trained models it was
+0.17-0.24 ms per step at one request, 0.06-0.22 ms at two and four and 0.27-0.30 ms
+at eight, and the line fitted through all of them before priced one-request steps
+of greedy and dspark 2-3% cheap. A single probed R gets the line (its mean, no slope).
 
 The probe's requests are its own: random prompts (not the validation's domain
 prompts) and a seed offset from the validated runs' seeds.
@@ -58,17 +61,25 @@ def probe_duration_s(duration_s: float, num_users: int) -> float:
 
 @dataclass(frozen=True)
 class PolicyExcess:
-    """A policy's in-loop step time beyond the shared model's price: ``fixed_s + per_candidate_s * R * g``."""
+    """A policy's in-loop step time beyond the shared model's price: its mean at each probed R, and the line
+    ``fixed_s + per_candidate_s * R * g`` through them (least squares over the steps)."""
 
     fixed_s: float
     per_candidate_s: float
-    mean_excess_s: tuple[float, ...]  # [NR] mean excess per step at each probed R (for reports)
+    mean_excess_s: tuple[float, ...]  # [NR] mean excess per step at each probed R
     mean_priced_s: tuple[float, ...]  # [NR] mean shared-model price of a step at each probed R
     num_steps: int
+    num_requests: tuple[int, ...] = ()  # [NR] the probed R
+    draft_tokens: int = 1  # g
 
-    def entry(self) -> dict[str, float]:
-        """The profile's ``scheduler.policies.<name>`` entry."""
-        return {"fixed_s": self.fixed_s, "per_candidate_s": self.per_candidate_s}
+    def entry(self) -> dict[str, float | list[float]]:
+        """The profile's ``scheduler.policies.<name>`` entry: the mean excess over the candidates ``R * g`` of the
+        probed R (never below 0: a decision takes no negative time; the raw means stay in ``mean_excess_s``), or
+        the line when one R was probed."""
+        if len(self.num_requests) < 2:
+            return {"fixed_s": self.fixed_s, "per_candidate_s": self.per_candidate_s}
+        return {"num_candidates": [float(r * self.draft_tokens) for r in self.num_requests],
+                "s": [max(e, 0.0) for e in self.mean_excess_s]}
 
 
 def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
@@ -149,4 +160,4 @@ def fit_excess(steps: pd.DataFrame, draft_tokens: int) -> PolicyExcess:
         fixed_s, per_candidate_s = 0.0, max(excess.mean(), 0.0) / candidates.mean()
     by_r = steps.groupby("users")[["excess_s", "priced_s"]].mean()
     return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, by_r["excess_s"])),
-                        tuple(map(float, by_r["priced_s"])), len(steps))
+                        tuple(map(float, by_r["priced_s"])), len(steps), tuple(map(int, by_r.index)), draft_tokens)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simulator.costs.profile import HardwareProfile
-from simulator.costs.tables import Table2D
+from simulator.costs.tables import Table1D, Table2D
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class RunDemand:
     min_context_tokens: int  # the shortest prompt
     max_context_tokens: int  # the longest prompt + output - 2: the largest KV before a step
     max_prompt_tokens: int | None = None  # the longest prefill; None: prefill.table checked at its shortest only
+    decision_policy: str | None = None  # the policy whose decision the steps pay (None: none is charged)
 
     @property
     def max_step_tokens(self) -> int:
@@ -77,6 +78,14 @@ def check_profile_covers(profile: HardwareProfile, drafter: str, demand: RunDema
             raise ValueError(f"profile {profile.path}: prefill.table.prompt_tokens covers {axis[0]:g}..{axis[-1]:g}, "
                              f"but this run prefills prompts of {demand.min_context_tokens}..{top} tokens (the "
                              "traffic's prompts; shorten them with traffic.max_prompt_tokens or profile more)")
+    decision = profile.scheduler_by_policy.get(demand.decision_policy or "")
+    if demand.draft_tokens and isinstance(decision, Table1D):
+        low_c, high_c = demand.draft_tokens, demand.max_concurrency * demand.draft_tokens
+        if low_c < decision.x[0] or high_c > decision.x[-1]:
+            raise ValueError(f"profile {profile.path}: scheduler.policies.{demand.decision_policy}.num_candidates "
+                             f"covers {decision.x[0]:g}..{decision.x[-1]:g}, but this run decides over "
+                             f"{low_c}..{high_c} (1..max_concurrency requests x {demand.draft_tokens} draft tokens); "
+                             "lower cluster.max_concurrency or drafter.gamma, or profile more")
     if demand.draft_tokens and profile.draft_uses_context(drafter):
         axis = profile.draft[drafter].context_tokens
         assert axis is not None

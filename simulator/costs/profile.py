@@ -65,7 +65,8 @@ class HardwareProfile:
     scheduler_per_candidate_s: float
     padded_slot_s: float = 0.0  # verify seconds per padded query slot, R * max(1 + l_r) - B
     scheduler_inline: bool = False  # every policy's decision is on the step's critical path
-    scheduler_by_policy: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (fixed, per cand.)
+    # name -> (fixed_s, per_candidate_s), or a table of seconds over candidates (scheduler.policies.<name>)
+    scheduler_by_policy: dict[str, tuple[float, float] | Table1D] = field(default_factory=dict)
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     path: str = "<memory>"
     # Version 2 (all optional; see docs/profile_format.md).
@@ -273,9 +274,11 @@ class HardwareProfile:
 
     def scheduler_s(self, num_candidates: int, policy: str | None = None) -> float:
         """Seconds of one decision over ``num_candidates`` (request, position) pairs, by ``policy``'s own entry
-        when the profile has one."""
-        fixed_s, per_candidate_s = self.scheduler_by_policy.get(
-            policy, (self.scheduler_fixed_s, self.scheduler_per_candidate_s))
+        when the profile has one (a line, or a measured table: interpolated, an error outside it)."""
+        entry = self.scheduler_by_policy.get(policy, (self.scheduler_fixed_s, self.scheduler_per_candidate_s))
+        if isinstance(entry, Table1D):
+            return float(entry(num_candidates))
+        fixed_s, per_candidate_s = entry
         return fixed_s + per_candidate_s * num_candidates
 
     def charges_decision(self, synchronous: bool) -> bool:

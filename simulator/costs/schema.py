@@ -265,7 +265,27 @@ def _mixed_step(data: dict[str, Any], version: int, origin: str) -> tuple[float,
             f.number(f.get(block, "per_request_s", where, origin), where + "per_request_s", origin, True))
 
 
-def _scheduler(data: dict[str, Any], origin: str) -> tuple[float, float, bool, dict[str, tuple[float, float]]]:
+POLICY_ENTRY = "{fixed_s, per_candidate_s} or {num_candidates, s}"
+
+
+PolicyDecision = tuple[float, float] | Table1D  # (fixed_s, per_candidate_s), or seconds over candidates
+
+
+def _policy_decision(entry: Any, where: str, origin: str) -> PolicyDecision:
+    """One ``scheduler.policies.<name>`` entry: a line in the candidates, or a table over them."""
+    if not isinstance(entry, dict):
+        raise ProfileError(f"{origin}: field '{where[:-1]}' must be {POLICY_ENTRY}, got {entry!r}")
+    if "num_candidates" in entry or "s" in entry:
+        f.known_keys(entry, ("num_candidates", "s"), where, origin)
+        candidates = f.axis(f.get(entry, "num_candidates", where, origin), where + "num_candidates", origin)
+        seconds = f.values(f.get(entry, "s", where, origin), candidates.size, where + "s", origin, True)
+        return Table1D(candidates, seconds, f"{where}s over num_candidates", origin)
+    f.known_keys(entry, ("fixed_s", "per_candidate_s"), where, origin)
+    return (f.number(f.get(entry, "fixed_s", where, origin), where + "fixed_s", origin, True),
+            f.number(f.get(entry, "per_candidate_s", where, origin), where + "per_candidate_s", origin, True))
+
+
+def _scheduler(data: dict[str, Any], origin: str) -> tuple[float, float, bool, dict[str, PolicyDecision]]:
     sched = f.block(data, "scheduler", origin)
     f.known_keys(sched, ("fixed_s", "per_candidate_s", "inline", "policies"), "scheduler.", origin)
     fixed_s = f.number(f.get(sched, "fixed_s", "scheduler.", origin), "scheduler.fixed_s", origin, True)
@@ -274,16 +294,9 @@ def _scheduler(data: dict[str, Any], origin: str) -> tuple[float, float, bool, d
     inline = f.flag(sched.get("inline", False), "scheduler.inline", origin)
     block = sched.get("policies", {})
     if not isinstance(block, dict):
-        raise ProfileError(f"{origin}: field 'scheduler.policies' must map policy names to "
-                           f"{{fixed_s, per_candidate_s}}, got {block!r}")
-    by_policy = {}
-    for name, entry in block.items():
-        where = f"scheduler.policies.{name}."
-        if not isinstance(entry, dict):
-            raise ProfileError(f"{origin}: field '{where[:-1]}' must be {{fixed_s, per_candidate_s}}, got {entry!r}")
-        by_policy[name] = (f.number(f.get(entry, "fixed_s", where, origin), where + "fixed_s", origin, True),
-                           f.number(f.get(entry, "per_candidate_s", where, origin), where + "per_candidate_s",
-                                    origin, True))
+        raise ProfileError(f"{origin}: field 'scheduler.policies' must map policy names to {POLICY_ENTRY}, "
+                           f"got {block!r}")
+    by_policy = {name: _policy_decision(entry, f"scheduler.policies.{name}.", origin) for name, entry in block.items()}
     return fixed_s, per_candidate_s, inline, by_policy
 
 
