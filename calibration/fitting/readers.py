@@ -145,21 +145,24 @@ VLLM_SPECULATION_PREFIX = "spec_decode_"  # vLLM's speculation fields
 SGLANG_ACCEPTANCE = "accept_length"  # SGLang's
 
 
-def _flavour(record: dict[str, Any]) -> str | None:
-    """"vllm" or "sglang" when the record holds that tool's speculation fields (not null), else None."""
-    vllm = any(key.startswith(VLLM_SPECULATION_PREFIX) and value is not None for key, value in record.items())
-    sglang = record.get(SGLANG_ACCEPTANCE) is not None
-    return None if vllm == sglang else "vllm" if vllm else "sglang"
+def _flavour(record: dict[str, Any]) -> tuple[str, str] | None:
+    """("vllm" or "sglang", the field that says so) when the record holds one tool's speculation fields (not null)
+    and not the other's, else None."""
+    vllm = next((key for key, value in record.items()
+                 if key.startswith(VLLM_SPECULATION_PREFIX) and value is not None), None)
+    sglang = SGLANG_ACCEPTANCE if record.get(SGLANG_ACCEPTANCE) is not None else None
+    if (vllm is None) == (sglang is None):
+        return None
+    return ("vllm", vllm) if vllm is not None else ("sglang", SGLANG_ACCEPTANCE)
 
 
 def _from_json_record(record: Any, source: str, row: int, fmt: str) -> BenchmarkRun:
     where = f"{source} row {row}"
     if not isinstance(record, dict):
         raise ResultsError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    flavour = _flavour(record)
-    if flavour is not None and flavour != fmt:
-        field = SGLANG_ACCEPTANCE if flavour == "sglang" else next(
-            key for key, value in record.items() if key.startswith(VLLM_SPECULATION_PREFIX) and value is not None)
+    found = _flavour(record)
+    if found is not None and found[0] != fmt:
+        flavour, field = found
         raise ResultsError(f"{where}: field '{field}' is {'SGLang' if flavour == 'sglang' else 'vLLM'}'s, but the "
                            f"file is read as {fmt}; read it as {flavour} (--format {flavour}, or auto)")
     for field in JSON_REQUIRED:
@@ -202,8 +205,17 @@ def _json_objects(path: Path) -> list[Any]:
 
 
 def _read_json(path: str | Path, fmt: str) -> list[BenchmarkRun]:
+    """Every record of a JSON file as ``fmt`` ("vllm", "sglang", or "auto": the records' own flavour, see the
+    module docstring, else the extension's); the file is read once."""
     path = Path(path)
-    return [_from_json_record(obj, str(path), i, fmt) for i, obj in enumerate(_json_objects(path), start=1)]
+    objects = _json_objects(path)
+    if fmt == "auto":
+        found = {f[0] for obj in objects if isinstance(obj, dict) and (f := _flavour(obj)) is not None}
+        if len(found) > 1:
+            raise ResultsError(f"{path}: holds both vLLM ({VLLM_SPECULATION_PREFIX}*) and SGLang "
+                               f"({SGLANG_ACCEPTANCE}) records; put each tool's results in a file of its own")
+        fmt = found.pop() if found else EXTENSIONS[path.suffix.lower()]
+    return [_from_json_record(obj, str(path), i, fmt) for i, obj in enumerate(objects, start=1)]
 
 
 def read_vllm(path: str | Path) -> list[BenchmarkRun]:
@@ -212,15 +224,6 @@ def read_vllm(path: str | Path) -> list[BenchmarkRun]:
 
 def read_sglang(path: str | Path) -> list[BenchmarkRun]:
     return _read_json(path, "sglang")
-
-
-def json_flavour(path: Path) -> str:
-    """vllm or sglang, from the file's records (see the module docstring), else from its extension."""
-    found = {f for obj in _json_objects(path) if isinstance(obj, dict) and (f := _flavour(obj)) is not None}
-    if len(found) > 1:
-        raise ResultsError(f"{path}: holds both vLLM ({VLLM_SPECULATION_PREFIX}*) and SGLang ({SGLANG_ACCEPTANCE}) "
-                           "records; put each tool's results in a file of its own")
-    return found.pop() if found else EXTENSIONS[path.suffix.lower()]
 
 
 def _from_csv_row(record: dict[str, str], source: str, row: int) -> BenchmarkRun:
@@ -278,7 +281,7 @@ def detect_format(path: Path) -> str:
     if fmt is None:
         raise ResultsError(f"{path}: cannot tell the format from the extension {path.suffix!r}; name it "
                            f"{', '.join(f'*{e} ({f})' for e, f in EXTENSIONS.items())} or pass --format")
-    return fmt if fmt == "csv" else json_flavour(path)
+    return fmt
 
 
 def read_results(paths: list[str | Path], fmt: ResultsFormat = "auto") -> list[BenchmarkRun]:
@@ -290,7 +293,11 @@ def read_results(paths: list[str | Path], fmt: ResultsFormat = "auto") -> list[B
         path = Path(raw)
         if not path.is_file():
             raise ResultsError(f"{path}: no such results file")
-        found = READERS[detect_format(path) if fmt == "auto" else fmt](path)
+        if fmt == "auto":  # a JSON file's records say whose they are (module docstring)
+            kind = detect_format(path)
+            found = read_csv(path) if kind == "csv" else _read_json(path, "auto")
+        else:
+            found = READERS[fmt](path)
         if not found:
             raise ResultsError(f"{path}: no runs in the file")
         runs.extend(found)
