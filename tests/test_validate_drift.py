@@ -15,8 +15,9 @@ from calibration.profiling.loop_costs import VariableLength
 from calibration.profiling.policy_steps import fit_excess
 from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.clock import LoopClock
+from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import drift_weight
-from calibration.validation.report import slice_intervals
+from calibration.validation.report import machine_verdict, slice_intervals
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
 
@@ -117,3 +118,27 @@ def test_drift_weight_corrects_what_the_probe_can_tell_from_its_own_noise() -> N
     assert drift_weight(np.array([0.01, -0.005, 0.0, 0.005]), before, after) == 0.0
     assert drift_weight(np.array([0.03, 0.01]), np.ones(2), np.ones(2), np.ones(3)) == 1.0
     assert drift_weight(np.zeros(3), before[:3], after[:3]) == 0.0
+
+
+def _points(slices_kept: list[int], slices: int = 5) -> pd.DataFrame:
+    kept = np.array(slices_kept)
+    return pd.DataFrame({"policy": "mtp1", "num_users": np.arange(1, kept.size + 1), "slices": slices,
+                         "slices_kept": kept, "spoiled": 2 * kept < slices,
+                         "throughput_err": 0.01, "tpu_mean_err": 0.02, "throughput_ci": 0.01, "tpu_mean_ci": 0.01})
+
+
+def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(tmp_path, capsys) -> None:
+    assert machine_verdict(_points([5] * 12)) is None
+    assert machine_verdict(_points([5] * 6 + [4] * 6)) is None  # 6 of 60 refused: the 10% limit itself
+    verdict = machine_verdict(_points([5] * 5 + [4] * 7))  # 7 of 60
+    assert verdict is not None and "7 of 60 slices refused" in verdict and "spoiled" not in verdict
+    verdict = machine_verdict(_points([5] * 11 + [2]))  # 3 of 60, but a point spoiled
+    assert verdict is not None and "1 point(s) spoiled" in verdict
+    assert machine_verdict(_points([5] * 4).drop(columns="slices_kept")) is None  # no drift screening
+    steady, unsteady = tmp_path / "steady", tmp_path / "unsteady"
+    for d, kept in ((steady, [5] * 4), (unsteady, [5, 3, 3, 5])):
+        d.mkdir()
+        _points(kept).to_csv(d / "points.csv", index=False)
+    agreement_main([str(steady), str(unsteady)])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines if "MACHINE NOT STEADY" in line] == [f"run2 ({unsteady})"]

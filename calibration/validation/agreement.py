@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.validation.report import TARGET_METRICS
+from calibration.validation.report import TARGET_METRICS, machine_verdict
 
 
 def read_runs(dirs: list[Path]) -> list[pd.DataFrame]:
@@ -41,6 +41,9 @@ def run_lines(name: str, table: pd.DataFrame) -> list[str]:
     if len(spoiled):
         lines.append(f"{name}: not reported (drift): " + ", ".join(
             f"{p} x{u}" for p, u in zip(spoiled["policy"], spoiled["num_users"], strict=True)))
+    verdict = machine_verdict(table)
+    if verdict:
+        lines.append(f"{name}: {verdict}")
     return lines
 
 
@@ -59,7 +62,9 @@ def agreement_lines(names: list[str], tables: list[pd.DataFrame]) -> list[str]:
             ok = [abs(errs[i] - errs[j]) <= np.hypot(cis[i], cis[j]) for i, j in pairs]
             agree, total = agree + sum(ok), total + len(ok)
             cells = "  ".join(f"{100 * e:+5.1f} +- {100 * c:.1f}" for e, c in zip(errs, cis, strict=True))
-            lines.append(f"  {policy:7s} x{users}: {cells}   spread {100 * (np.nanmax(errs) - np.nanmin(errs)):.1f} pp"
+            finite = errs[np.isfinite(errs)]  # a point spoiled in every run has no spread
+            spread = f"{100 * (finite.max() - finite.min()):.1f} pp" if finite.size else "-"
+            lines.append(f"  {policy:7s} x{users}: {cells}   spread {spread}"
                          f"   {'agree' if all(ok) else 'DISAGREE'}")
         lines.append(f"  {metric}: {agree}/{total} run pairs agree within their intervals")
     return lines

@@ -167,6 +167,28 @@ def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
     return text
 
 
+# A run whose drift guard refused more than this share of its real slices ran on a machine too unsteady for
+# its errors to measure the simulator (on the idle 2-core machine: 0-1 of 60 slices; runs refusing 9-23 of 60
+# came out 2-3 times as far off, docs/validation.md).
+STEADY_MAX_REFUSED_SHARE = 0.10
+
+
+def machine_verdict(table: pd.DataFrame) -> str | None:
+    """One line saying the machine was not steady enough for the run's errors to mean much: more than
+    :data:`STEADY_MAX_REFUSED_SHARE` of the slices refused for drift, or a point spoiled. None when steady, or
+    when the run had no drift screening (no ``slices_kept`` column)."""
+    if "slices_kept" not in table or not len(table):
+        return None
+    slices = int(table["slices"].sum())
+    refused = slices - int(table["slices_kept"].sum())
+    spoiled = int(table["spoiled"].astype(bool).sum())
+    if refused <= STEADY_MAX_REFUSED_SHARE * slices and not spoiled:
+        return None
+    return (f"MACHINE NOT STEADY: {refused} of {slices} slices refused for drift (more than "
+            f"{100 * STEADY_MAX_REFUSED_SHARE:g}% is unsteady)" + (f", {spoiled} point(s) spoiled" if spoiled else "")
+            + "; the errors mix the machine's drift with the simulator's: rerun on a quiet machine")
+
+
 def _or_dash(value: float, digits: int) -> str:
     return "-" if np.isnan(value) else f"{value:.{digits}f}"
 

@@ -54,6 +54,7 @@ from calibration.validation.bench_export import write_benchmark
 from calibration.validation.points import drift_weight, point_result
 from calibration.validation.report import (
     frontier_figure,
+    machine_verdict,
     markdown_table,
     mean_abs_errors,
     refusal_note,
@@ -309,7 +310,8 @@ def report_text(result: Validation) -> str:
         + (f"; drift correction weight {result.table['drift_weight'].iloc[0]:.2f} (1 - the reference probe's own "
            "noise over the drifts' mean square)" if "drift_weight" in result.table and len(result.table) else ""),
     ]
-    return "\n".join(lines)
+    verdict = machine_verdict(result.table)
+    return "\n".join(([verdict, ""] if verdict else []) + lines)
 
 
 def _csv(text: str, kind: type) -> tuple:
