@@ -61,11 +61,12 @@ def agreement_lines(names: list[str], tables: list[pd.DataFrame]) -> list[str]:
                      if np.isfinite(errs[i]) and np.isfinite(errs[j])]
             ok = [abs(errs[i] - errs[j]) <= np.hypot(cis[i], cis[j]) for i, j in pairs]
             agree, total = agree + sum(ok), total + len(ok)
-            cells = "  ".join(f"{100 * e:+5.1f} +- {100 * c:.1f}" for e, c in zip(errs, cis, strict=True))
+            cells = "  ".join(f"{100 * e:+5.1f} +- {100 * c:.1f}" if np.isfinite(e) else "  spoiled   "
+                              for e, c in zip(errs, cis, strict=True))
             finite = errs[np.isfinite(errs)]  # a point spoiled in every run has no spread
             spread = f"{100 * (finite.max() - finite.min()):.1f} pp" if finite.size else "-"
             lines.append(f"  {policy:7s} x{users}: {cells}   spread {spread}"
-                         f"   {'agree' if all(ok) else 'DISAGREE'}")
+                         f"   {'-' if not ok else 'agree' if all(ok) else 'DISAGREE'}")
         lines.append(f"  {metric}: {agree}/{total} run pairs agree within their intervals")
     return lines
 
