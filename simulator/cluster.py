@@ -50,6 +50,9 @@ class Cluster:
                           "tokens, so outputs do not follow the target distribution", LossyPolicyWarning,
                           stacklevel=2)
         streams = np.random.SeedSequence(spec.seed).spawn(4 + spec.cluster.num_decode_engines)
+        if spec.acceptance_seed is not None:  # difficulty and the engines' draws from their own sequence
+            own = np.random.SeedSequence([spec.seed, spec.acceptance_seed]).spawn(1 + spec.cluster.num_decode_engines)
+            streams[2], streams[4:] = own[0], own[1:]
         self.rng_arrivals, self.rng_lengths, self.rng_difficulty, _ = (np.random.default_rng(s) for s in streams[:4])
         self.env = simpy.Environment()
         limits = spec.cluster.limits
@@ -83,6 +86,8 @@ class Cluster:
 
     @staticmethod
     def _check(spec: SimulationSpec) -> None:
+        if spec.acceptance_seed is not None and (not isinstance(spec.acceptance_seed, int) or spec.acceptance_seed < 0):
+            raise ValueError(f"acceptance_seed must be a non-negative integer or None, got {spec.acceptance_seed!r}")
         limits = spec.cluster.limits
         budget = spec.cluster.token_budget(spec.profile.token_budget)
         traffic = spec.traffic

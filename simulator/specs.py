@@ -172,3 +172,9 @@ class SimulationSpec:
     # The profile the policy prices its decisions with (default: ``profile``, the hardware's own). Another one
     # models a scheduler whose cost model is stale or was measured elsewhere.
     policy_profile: HardwareProfile | None = None
+    # Another draw of the acceptance process over the same traffic: which difficulty (or logged request) each
+    # request gets and the engines' acceptance draws come from (seed, acceptance_seed); arrivals, domains and
+    # lengths keep ``seed``'s streams (open loop: the same requests; closed loop: the same draws, handed to users
+    # as they return, which acceptance changes). None: every stream from ``seed``. Averaging a point over several
+    # acceptance seeds shrinks the acceptance draws' share of its noise.
+    acceptance_seed: int | None = None

@@ -64,6 +64,24 @@ def test_same_seed_same_tables_and_other_seed_differs(small_spec):
     assert not a.steps["num_accepted_tokens"].equals(c.steps["num_accepted_tokens"])
 
 
+def test_acceptance_seed_redraws_acceptance_over_the_same_requests(small_spec):
+    """An acceptance seed keeps the seed's arrivals, domains and lengths and draws difficulty and acceptance anew:
+    the same (seed, acceptance seed) gives the same tables, another acceptance seed other acceptance."""
+    workload = open_workload(n=80)
+    runs = {a: simulate(small_spec(make_policy("dspark"), traffic=workload, duration_s=None, warmup_s=0.0,
+                                   acceptance_seed=a)) for a in (None, 1, 2)}
+    same = ["arrival_at", "domain", "prompt_tokens", "output_tokens"]
+    for a in (1, 2):
+        pd.testing.assert_frame_equal(runs[a].requests[same], runs[None].requests[same])
+        assert not np.allclose(runs[a].requests["difficulty"], runs[None].requests["difficulty"])
+    assert not runs[1].requests["num_accepted_tokens"].equals(runs[2].requests["num_accepted_tokens"])
+    again = simulate(small_spec(make_policy("dspark"), traffic=workload, duration_s=None, warmup_s=0.0,
+                                acceptance_seed=1))
+    pd.testing.assert_frame_equal(again.steps, runs[1].steps)
+    with pytest.raises(ValueError, match="acceptance_seed must be a non-negative integer"):
+        simulate(small_spec(make_policy("dspark"), acceptance_seed=-1))
+
+
 def test_concurrency_and_kv_limits_hold(small_spec):
     limits = EngineLimits(max_concurrency=5, kv_capacity_tokens=4000)
     traffic = TrafficSpec(arrival="closed", num_users=16, max_prompt_tokens=500, max_output_tokens=256)

@@ -275,6 +275,10 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
         assert fit["num_steps"] > 0 and len(fit["mean_excess_s"]) == len(meta["loop_costs"]["num_requests"])
     assert result.profile.scheduler_by_policy["mtp"] == (0.0, 0.0)
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
+    # the simulator runs each slice in 4 acceptance draws
+    runs = result.sim[("dspark", 4)][0]
+    assert len(runs) == 4 and "pools 4 acceptance draw(s)" in (out / "validation.md").read_text()
+    assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked) and a slice whose
     # reference probe drifted beyond the tolerance is refused; a point left with too few slices is not reported.
     # A reported point gets room for the drift that remained within the tolerance.

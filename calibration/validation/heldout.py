@@ -89,7 +89,8 @@ def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: Hardwa
 
 def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: HardwareProfile,
                     logs: dict[int, Path], pricing: HardwareProfile) -> dict[str, Any]:
-    """The simulator's pooled summary of one point's slices with ``profile`` (as the validation simulates)."""
+    """The simulator's pooled summary of one point's slices with ``profile`` (as the validation simulates: each
+    slice in ``cfg.sim_replicas`` acceptance draws)."""
     name, users = point
     policy = make_policy(name)
     num_draft = max(policy.draft_tokens(cfg.gamma), 1)
@@ -99,7 +100,8 @@ def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: Hard
         policy=policy, profile=sim_profile, drafter=drafter,
         cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits()),
         traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s, seed=cfg.seed + k,
-        policy_profile=pricing_profile)) for k in range(cfg.rounds)]
+        policy_profile=pricing_profile, acceptance_seed=None if r == 0 else r))
+        for k in range(cfg.rounds) for r in range(cfg.sim_replicas)]
     return pooled_summary(slices) if len(slices) > 1 else slices[0].summary
 
 

@@ -40,17 +40,18 @@ def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray,
     return max(0.0, 1.0 - (noise + reference_var) / signal)
 
 
-def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any], reals: list[Any], drifts: np.ndarray,
-         profile: HardwareProfile, weight: float = 1.0) -> dict[str, Any]:
+def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],
+                 drifts: np.ndarray, profile: HardwareProfile, weight: float = 1.0) -> dict[str, Any]:
     """A point's row, corrected for the machine's drift: slice k of the real loop ran ``1 + drifts[k]`` times as
     slow as the machine did while profiling (reference probe; across slices the simulator's error follows it with
     a slope near 1), so its throughput and tok/s/user are scaled by ``1 + weight * drifts[k]`` (``weight``: the
     share of the drift the probe can tell from its own noise, :func:`drift_weight`; ``*_err`` corrected,
-    ``*_err_raw`` as measured). A slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
+    ``*_err_raw`` as measured). ``sims[k]``: the simulator's runs of slice k (its acceptance draws), pooled. A
+    slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
     with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``)."""
     kept = [k for k, drift in enumerate(drifts) if abs(drift) <= cfg.drift_tolerance]
     use = kept if kept else list(range(len(drifts)))
-    row = point_row(*point, pooled([sims[k] for k in use]), pooled([reals[k] for k in use]),
+    row = point_row(*point, pooled([run for k in use for run in sims[k]]), pooled([reals[k] for k in use]),
                     float(np.mean(drifts[use])))
     real_tps = np.array([reals[k].summary["output_tokens_per_s"] for k in use])
     corrected = weight * drifts[use]
@@ -61,7 +62,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any],
         row[f"{name}_err"] = row[f"{name}_sim"] / row[f"{name}_real"] - 1
     row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
                spoiled=2 * len(kept) < len(drifts), drift_factor=factor, drift_weight=weight)
-    row.update(slice_intervals([sims[k].summary for k in use], [reals[k].summary for k in use], corrected))
+    row.update(slice_intervals([slice_summary(sims[k]) for k in use], [reals[k].summary for k in use], corrected))
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
                                              policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,
@@ -69,6 +70,11 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[Any],
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row
+
+
+def slice_summary(runs: list[Any]) -> dict[str, Any]:
+    """One slice's summary from the simulator's runs of it (its acceptance draws), pooled when there are several."""
+    return runs[0].summary if len(runs) == 1 else pooled_summary(runs)
 
 
 def pooled(slices: list[Any]) -> dict[str, Any]:

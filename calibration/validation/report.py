@@ -132,14 +132,20 @@ def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, An
     return out
 
 
-def slice_records(point: tuple[str, int], drifts: np.ndarray, tolerance: float, sims: Sequence[Any],
+SLICE_FIGURES = ("output_tokens_per_s", "num_requests_finished")  # each slice's, sim and real, in slices.csv
+
+
+def slice_records(point: tuple[str, int], drifts: np.ndarray, tolerance: float, sims: Sequence[Sequence[Any]],
                   reals: Sequence[Any]) -> list[dict[str, Any]]:
-    """One record per slice of a point: its machine drift, whether it was kept, sim and real throughput."""
+    """One record per slice of a point: its machine drift, whether it was kept, sim and real throughput (the
+    simulator's figures: the mean over its runs of the slice, ``sims[k]``, one per acceptance draw)."""
     return [{"policy": point[0], "num_users": point[1], "slice": k, "machine_drift": float(d),
              "kept": bool(abs(d) <= tolerance), "cpu_fraction": real.summary.get("cpu_fraction", np.nan),
-             **{f"{m}_{side}": part.summary[m] for m in ("output_tokens_per_s", "num_requests_finished")
-                for side, part in (("sim", sim), ("real", real))}}
+             **{f"{m}_{side}": value for m in SLICE_FIGURES
+                for side, value in (("sim", float(np.mean([run.summary[m] for run in sim]))),
+                                    ("real", real.summary[m]))}}
             for k, (d, sim, real) in enumerate(zip(drifts, sims, reals, strict=True))]
+
 
 
 def worst_errors(table: pd.DataFrame) -> dict[str, float]:

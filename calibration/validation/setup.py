@@ -76,6 +76,9 @@ class ValidationConfig:
     token_budget: int | None = None  # max_num_batched_tokens of a step (sim and real); chunked prefill needs one
     clock: str = "cpu"  # the real loop's decode clock: "cpu" (thread CPU seconds + sleeps) or "wall"
     drift_tolerance: float = 0.10  # a slice whose reference probe is further than this from profiling's is refused
+    # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
+    # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
+    sim_replicas: int = 4
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
@@ -101,6 +104,8 @@ class ValidationConfig:
                              "decoding requests its one token per step")
         if self.clock not in ("cpu", "wall"):
             raise ValueError(f"clock must be 'cpu' or 'wall', got {self.clock!r}")
+        if self.sim_replicas < 1:
+            raise ValueError(f"sim_replicas must be >= 1, got {self.sim_replicas}")
         if not self.drift_tolerance > 0:
             raise ValueError(f"drift_tolerance must be > 0, got {self.drift_tolerance}")
         if self.prompt_limit_tokens is not None and self.prompt_limit_tokens < self.prompt_tokens:

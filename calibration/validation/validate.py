@@ -98,7 +98,8 @@ class Validation:
     logs: dict[int, pd.DataFrame]  # draft tokens per block -> the acceptance log replayed for those policies
     models: str
     real: dict[tuple[str, int], list[Any]]  # (policy, users) -> ServingResults of its slices
-    sim: dict[tuple[str, int], list[Any]]  # (policy, users) -> simulator Results of the same slices
+    sim: dict[tuple[str, int], list[list[Any]]]  # (policy, users) -> per slice, the simulator's Results of its
+    # requests, one per acceptance draw (config.sim_replicas)
     slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
     probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
     pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
@@ -224,8 +225,11 @@ def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostS
 
 
 def _simulate(cfg: ValidationConfig, point: tuple[str, int],
-              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int):
-    return simulate(_simulation_spec(cfg, point, setups, round_idx))
+              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int) -> list:
+    """The simulator's runs of one slice: ``cfg.sim_replicas`` draws of the acceptance process over the slice's
+    requests (the first with the seed's own streams, then acceptance seeds 1, 2, ...)."""
+    spec = _simulation_spec(cfg, point, setups, round_idx)
+    return [simulate(replace(spec, acceptance_seed=None if r == 0 else r)) for r in range(cfg.sim_replicas)]
 
 
 def _simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
@@ -299,7 +303,8 @@ def report_text(result: Validation) -> str:
         + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
         + "; "
         f"{cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
-        f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; seed {cfg.seed}",
+        f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; the simulator pools {cfg.sim_replicas} "
+        f"acceptance draw(s) of each slice's requests; seed {cfg.seed}",
         "",
         markdown_table(result.table),
         "",
@@ -365,6 +370,9 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--clock", default=d.clock, choices=["cpu", "wall"],
                    help="the real loop's decode clock: cpu (its thread's CPU seconds plus sleeps: time other jobs take "
                         "is not booked) or wall (default: %(default)s)")
+    p.add_argument("--sim-replicas", type=int, default=d.sim_replicas,
+                   help="draws of the acceptance process the simulator pools per slice (same requests; "
+                        "default: %(default)s)")
     p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
                    help="refuse a real slice whose reference probe differs from profiling's by more than this "
                         "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
