@@ -46,10 +46,9 @@ from calibration.fitting.readers import read_results
 from calibration.fitting.report import full_report
 from calibration.fitting.runs import StepEstimate
 from calibration.validation.report import METRICS, point_row, pooled_summary
-from calibration.validation.setup import ValidationConfig, simulator_setup
+from calibration.validation.setup import ValidationConfig, simulate_slice, simulator_setup
 from calibration.validation.validate import parse_args, run_validation, write_outputs
 from policies import make_policy
-from simulator import ClusterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import write_log
 from simulator.costs import HardwareProfile, load_profile, profile_from_dict
 
@@ -91,17 +90,10 @@ def _simulate_point(cfg: ValidationConfig, point: tuple[str, int], profile: Hard
                     logs: dict[int, Path], pricing: HardwareProfile) -> dict[str, Any]:
     """The simulator's pooled summary of one point's slices with ``profile`` (as the validation simulates: each
     slice in ``cfg.sim_replicas`` acceptance draws)."""
-    name, users = point
-    policy = make_policy(name)
-    num_draft = max(policy.draft_tokens(cfg.gamma), 1)
-    log = logs[num_draft] if num_draft in logs else logs[max(logs)]
-    sim_profile, drafter, pricing_profile = simulator_setup(cfg, profile, log, num_draft, pricing)
-    slices = [simulate(SimulationSpec(
-        policy=policy, profile=sim_profile, drafter=drafter,
-        cluster=ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits()),
-        traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s, seed=cfg.seed + k,
-        policy_profile=pricing_profile, acceptance_seed=None if r == 0 else r))
-        for k in range(cfg.rounds) for r in range(cfg.sim_replicas)]
+    num_draft = max(make_policy(point[0]).draft_tokens(cfg.gamma), 1)
+    g = num_draft if num_draft in logs else max(logs)  # the log the validation replays for this policy
+    setups = {g: simulator_setup(cfg, profile, logs[g], g, pricing)}
+    slices = [run for k in range(cfg.rounds) for run in simulate_slice(cfg, point, setups, k)]
     return pooled_summary(slices) if len(slices) > 1 else slices[0].summary
 
 

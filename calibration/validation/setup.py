@@ -2,11 +2,11 @@
 
 :class:`ValidationConfig` holds every option of ``python -m calibration.validate``;
 :func:`build_models` loads the trained checkpoints or builds random tiny models;
-:func:`measure_profile` profiles them on this machine with the serving loop's own
-costs (:mod:`calibration.profiling.loop_costs`); :func:`record_log` writes an acceptance log
-on the traffic's lengths; :func:`simulator_setup` points the simulator at that log
-(replayed or fitted); :func:`speed_reference` is a fixed probe of the machine's
-current speed, for the drift column.
+:func:`measure_profile` profiles them on this machine with the serving loop's own costs
+(:mod:`calibration.profiling.loop_costs`); :func:`record_log` writes an acceptance log on the traffic's
+lengths; :func:`simulator_setup` points the simulator at that log (replayed or fitted) and
+:func:`simulate_slice` runs one slice of a point in it; :func:`speed_reference` is a fixed probe of the
+machine's current speed, for the drift column.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from calibration.profiling.measure_context import ContextAxes
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.training.corpora import corpus_prompts
 from policies import make_policy
-from simulator import DrafterSpec, EngineLimits
+from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.acceptance.presets import PRESETS
 from simulator.costs import HardwareProfile, load_profile, profile_from_dict
 from traces.synthetic import LengthSpec, RequestSampler, TrafficSpec
@@ -335,3 +335,28 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: P
         raw["draft"][name] = raw["draft"][cfg.drafter]
         return profile_from_dict(raw, p.path)
     return renamed(profile), DrafterSpec(name, gamma, confidence=fitted.confidence_spec()), renamed(pricing)
+
+
+def simulate_slice(cfg: ValidationConfig, point: tuple[str, int],
+              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int) -> list:
+    """The simulator's runs of one slice: ``cfg.sim_replicas`` draws of the acceptance process over the slice's
+    requests (the first with the seed's own streams, then acceptance seeds 1, 2, ...)."""
+    spec = simulation_spec(cfg, point, setups, round_idx)
+    return [simulate(replace(spec, acceptance_seed=None if r == 0 else r)) for r in range(cfg.sim_replicas)]
+
+
+def simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
+                     setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]],
+                     round_idx: int) -> SimulationSpec:
+    """The simulator's run of one slice of a (policy, users) point, with the acceptance log of the block size it
+    drafts and the real loop's pricing profile. Slice k has the real slice's length and seed (seed + k), hence
+    the same sequence of request domains and lengths."""
+    name, users = point
+    policy = make_policy(name)
+    num_draft = max(policy.draft_tokens(cfg.gamma), 1)
+    sim_profile, drafter_spec, pricing = setups[num_draft] if num_draft in setups else setups[max(setups)]
+    cluster = ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits(),
+                          mode="chunked" if cfg.prefill == "chunked" else "disaggregated")
+    return SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec, cluster=cluster,
+                          traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s,
+                          seed=cfg.seed + round_idx, policy_profile=pricing)

@@ -68,12 +68,13 @@ from calibration.validation.setup import (
     measure_profile,
     median_profile,
     record_log,
+    simulate_slice,
+    simulation_spec,
     simulator_setup,
     speed_reference,
 )
 from policies import make_policy
 from policies.driver import CostSource
-from simulator import ClusterSpec, DrafterSpec, SimulationSpec, simulate
 from simulator.acceptance.logs import read_log, write_log
 from simulator.cluster import Cluster
 from simulator.costs import HardwareProfile
@@ -122,7 +123,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         def check(first: HardwareProfile) -> None:  # the simulator's start checks, before any real run
             first_setups = {g: simulator_setup(cfg, first, path, g, first) for g, path in log_paths.items()}
             for point in points:
-                Cluster(_simulation_spec(cfg, point, first_setups, 0))
+                Cluster(simulation_spec(cfg, point, first_setups, 0))
         probe_log: list[dict[str, Any]] = []
         profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress,
                                                                         check, probe_log)
@@ -134,7 +135,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
                               slice_probes["before_s"].to_numpy(), slice_probes["after_s"].to_numpy(),
                               0.5 * (pass_probes["before_s"] + pass_probes["after_s"]).to_numpy())
         for point in points:
-            sims[point] = [_simulate(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
+            sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = np.array(drifts[point]) / profile_reference_s - 1
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
@@ -222,31 +223,6 @@ def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostS
     if profile.uses_context(drafter):
         return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
     return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
-
-
-def _simulate(cfg: ValidationConfig, point: tuple[str, int],
-              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int) -> list:
-    """The simulator's runs of one slice: ``cfg.sim_replicas`` draws of the acceptance process over the slice's
-    requests (the first with the seed's own streams, then acceptance seeds 1, 2, ...)."""
-    spec = _simulation_spec(cfg, point, setups, round_idx)
-    return [simulate(replace(spec, acceptance_seed=None if r == 0 else r)) for r in range(cfg.sim_replicas)]
-
-
-def _simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
-                     setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]],
-                     round_idx: int) -> SimulationSpec:
-    """The simulator's run of one slice of a (policy, users) point, with the acceptance log of the block size it
-    drafts and the real loop's pricing profile. Slice k has the real slice's length and seed (seed + k), hence
-    the same sequence of request domains and lengths."""
-    name, users = point
-    policy = make_policy(name)
-    num_draft = max(policy.draft_tokens(cfg.gamma), 1)
-    sim_profile, drafter_spec, pricing = setups[num_draft] if num_draft in setups else setups[max(setups)]
-    cluster = ClusterSpec(num_decode_engines=1, num_prefill_instances=1, limits=cfg.limits(),
-                          mode="chunked" if cfg.prefill == "chunked" else "disaggregated")
-    return SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec, cluster=cluster,
-                          traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s,
-                          seed=cfg.seed + round_idx, policy_profile=pricing)
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
