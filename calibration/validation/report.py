@@ -147,7 +147,6 @@ def slice_records(point: tuple[str, int], drifts: np.ndarray, tolerance: float, 
             for k, (d, sim, real) in enumerate(zip(drifts, sims, reals, strict=True))]
 
 
-
 def worst_errors(table: pd.DataFrame) -> dict[str, float]:
     """Largest absolute relative error of each bounded metric over the reported points."""
     return {name: float(table[f"{name}_err"].abs().max()) for name in TARGET_METRICS}

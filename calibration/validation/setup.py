@@ -338,7 +338,7 @@ def simulator_setup(cfg: ValidationConfig, profile: HardwareProfile, log_path: P
 
 
 def simulate_slice(cfg: ValidationConfig, point: tuple[str, int],
-              setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int) -> list:
+                   setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]], round_idx: int) -> list:
     """The simulator's runs of one slice: ``cfg.sim_replicas`` draws of the acceptance process over the slice's
     requests (the first with the seed's own streams, then acceptance seeds 1, 2, ...)."""
     spec = simulation_spec(cfg, point, setups, round_idx)
@@ -346,8 +346,8 @@ def simulate_slice(cfg: ValidationConfig, point: tuple[str, int],
 
 
 def simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
-                     setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]],
-                     round_idx: int) -> SimulationSpec:
+                    setups: dict[int, tuple[HardwareProfile, DrafterSpec, HardwareProfile]],
+                    round_idx: int) -> SimulationSpec:
     """The simulator's run of one slice of a (policy, users) point, with the acceptance log of the block size it
     drafts and the real loop's pricing profile. Slice k has the real slice's length and seed (seed + k), hence
     the same sequence of request domains and lengths."""
