@@ -338,13 +338,18 @@ def test_long_context_option_sets_a_version_2_profile_over_1_to_4k_contexts() ->
 def test_long_context_validation_stays_near_the_real_loop(tmp_path) -> None:
     """``--long-context`` on random tiny models: contexts of 1-4k tokens, mtp1 and dspark at 1 and 2 users, short
     slices (the same noise margins as the short-context test). 4 s per point: a slice of 0.85 s (2 s) held about
-    three requests at one user, and the mean tok/s/user of six requests once came out 33% apart."""
+    three requests at one user, and the mean tok/s/user of six requests once came out 33% apart. With two slices
+    per point, one refused slice spoils the point, and on an unsteady machine (the real slices 25-33% slower
+    than profiling) every point was spoiled and nothing was checked: no slice is refused here (the drift
+    correction and the bound's room for the drift stay)."""
     result = main(["--models", "random", "--long-context", "--policies", "mtp1,dspark", "--users", "1,2",
                    "--duration-s", "4", "--warmup-s", "0.3", "--rounds", "2", "--profile-repeats", "5",
-                   "--log-requests", "12", "--nice", "-15", "--seed", "0", "--out", str(tmp_path / "long")])
+                   "--log-requests", "12", "--nice", "-15", "--seed", "0", "--drift-tolerance", "10",
+                   "--out", str(tmp_path / "long")])
     table = result.table
     assert result.profile.version == 2 and result.profile.key_padding == "longest"
     assert (table["context_real"] > 1000).all() and (table["context_sim"] > 1000).all()
+    assert not table["spoiled"].any()
     allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
     for metric in ("throughput", "tpu_mean"):
         err = table[f"{metric}_err"].abs()
