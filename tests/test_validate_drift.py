@@ -5,6 +5,7 @@ excess, the weight of the drift correction, and the loop's CPU clock."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -17,7 +18,13 @@ from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.clock import LoopClock
 from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import drift_weight
-from calibration.validation.report import machine_verdict, slice_intervals
+from calibration.validation.report import (
+    kept_slices,
+    machine_verdict,
+    sampling_note,
+    slice_intervals,
+    tpu_sampling_se,
+)
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
 
@@ -142,3 +149,36 @@ def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(
     agreement_main([str(steady), str(unsteady)])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines if "MACHINE NOT STEADY" in line] == [f"run2 ({unsteady})"]
+
+
+def test_tpu_sampling_se_is_the_standard_error_of_rates_about_their_domain_means() -> None:
+    """Per-request rates finished in the window, about their domain's mean: 4 chat requests at 100 +- 10 tok/s,
+    4 math ones at 200 +- 20 (the domains' gap is not noise); requests outside the window or with one token
+    do not count."""
+    def part(rates: list[float], domains: list[str], warmup_s: float = 1.0) -> SimpleNamespace:
+        n = len(rates)
+        first = np.full(n, warmup_s + 0.5)
+        requests = pd.DataFrame({"domain": domains, "output_tokens": 101, "first_token_at": first,
+                                 "finished_at": first + 100 / np.array(rates)})
+        extra = pd.DataFrame({"domain": ["chat", "chat"], "output_tokens": [101, 1], "first_token_at": [0.1, 1.5],
+                              "finished_at": [0.5, 1.6]})  # finished before the window; one token only
+        return SimpleNamespace(spec=SimpleNamespace(warmup_s=warmup_s), summary={"window_s": 10.0},
+                               requests=pd.concat([requests, extra], ignore_index=True))
+    parts = [part([90, 110, 180, 220], ["chat", "chat", "math", "math"]),
+             part([110, 90, 220, 180], ["chat", "chat", "math", "math"])]
+    within = np.array([-10, 10, -20, 20, 10, -10, 20, -20], dtype=float)
+    expected = within.std(ddof=1) / np.sqrt(8) / 150.0
+    assert tpu_sampling_se(parts) == pytest.approx(expected, rel=1e-9)
+    assert np.isnan(tpu_sampling_se([part([100], ["chat"])]))
+    table = pd.DataFrame({"policy": ["mtp1", "dspark"], "num_users": [1, 2], "tpu_mean_err": [0.01, np.nan],
+                          "tpu_mean_sampling_se": [0.02, 0.05]})  # the spoiled point (NaN error) is left out
+    assert "up to 2.0% (mtp1 x1)" in sampling_note(table) and f"{100 * np.sqrt(2 / np.pi) * 0.02:.1f}%" in \
+        sampling_note(table)
+
+
+def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_below_half() -> None:
+    assert kept_slices(np.array([0.02, -0.15, 0.1, 0.3, -0.05]), 0.1) == ([0, 2, 4], False)
+    assert kept_slices(np.array([0.02, -0.15, 0.12, 0.3, -0.05]), 0.1) == ([0, 4], True)
+    assert kept_slices(np.array([0.2, 0.05]), 0.1) == ([1], False)  # one of two: half kept
+    assert kept_slices(np.array([0.2, -0.3]), 0.1) == ([], True)
+    assert kept_slices(np.array([0.2, -0.3]), 10.0) == ([0, 1], False)

@@ -250,7 +250,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     result = main(["--models", "random", "--policies", "mtp1,greedy,dspark", "--users", "2,4",
                    "--duration-s", "2", "--warmup-s", "0.3", "--rounds", "2", "--output-tokens", "32",
                    "--profile-repeats", "5", "--log-requests", "32", "--nice", "-10", "--seed", "0",
-                   "--out", str(out)])
+                   "--drift-tolerance", "10", "--out", str(out)])
     table = result.table
     assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
     for name in ("profile.json", "pricing_profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet",
@@ -277,16 +277,18 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     assert (table["budget_real"][table["policy"] == "mtp1"] == 2.0).all()
     # the simulator runs each slice in 4 acceptance draws
     runs = result.sim[("dspark", 4)][0]
-    assert len(runs) == 4 and "pools 4 acceptance draw(s)" in (out / "validation.md").read_text()
+    report = (out / "validation.md").read_text()
+    assert len(runs) == 4 and "pools 4 acceptance draw(s)" in report and "tok/s/user sampling noise" in report
+    assert (table["tpu_mean_sampling_se"] > 0).all() and (table["tpu_mean_sampling_se"] < 0.5).all()
     assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
-    # The real loop runs on its thread's CPU clock (time other jobs take is not booked) and a slice whose
-    # reference probe drifted beyond the tolerance is refused; a point left with too few slices is not reported.
-    # A reported point gets room for the drift that remained within the tolerance.
-    reported = table[~table["spoiled"].astype(bool)]
-    assert len(reported) >= len(table) // 2, f"drift spoiled {len(table) - len(reported)} of {len(table)} points"
-    allowed = ERROR_TARGET + NOISE_MARGIN + reported["machine_drift"].abs()
+    # The real loop runs on its thread's CPU clock (time other jobs take is not booked). No slice is refused here
+    # (--drift-tolerance 10: with two slices per point, an unsteady machine once spoiled 4 of the 6 points and
+    # the test checked two); each point gets room for its measured drift instead (the refusal rule:
+    # test_validate_drift.py).
+    assert not table["spoiled"].any() and (table["slices_kept"] == 2).all()
+    allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
     for metric in ("throughput", "tpu_mean"):
-        err = reported[f"{metric}_err"].abs()
+        err = table[f"{metric}_err"].abs()
         assert (err <= allowed).all(), f"{metric}: errors {err.round(3).tolist()} > {allowed.round(3).tolist()}"
     # tau has no timing noise, only sampling noise: a point holds 40-120 requests whose acceptance differs
     # from request to request (the replay keeps that spread; sim and real share the requests' domains and

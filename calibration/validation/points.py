@@ -10,10 +10,12 @@ import numpy as np
 from calibration.profiling.step_prices import step_cost_ratio
 from calibration.validation.report import (
     TARGET_METRICS,
+    kept_slices,
     mean_context_tokens,
     point_row,
     pooled_summary,
     slice_intervals,
+    tpu_sampling_se,
 )
 from calibration.validation.setup import ValidationConfig
 from policies import make_policy
@@ -49,7 +51,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     ``*_err_raw`` as measured). ``sims[k]``: the simulator's runs of slice k (its acceptance draws), pooled. A
     slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
     with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``)."""
-    kept = [k for k, drift in enumerate(drifts) if abs(drift) <= cfg.drift_tolerance]
+    kept, spoiled = kept_slices(drifts, cfg.drift_tolerance)
     use = kept if kept else list(range(len(drifts)))
     row = point_row(*point, pooled([run for k in use for run in sims[k]]), pooled([reals[k] for k in use]),
                     float(np.mean(drifts[use])))
@@ -61,8 +63,12 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
         row[f"{name}_real"] *= factor
         row[f"{name}_err"] = row[f"{name}_sim"] / row[f"{name}_real"] - 1
     row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
-               spoiled=2 * len(kept) < len(drifts), drift_factor=factor, drift_weight=weight)
+               spoiled=spoiled, drift_factor=factor, drift_weight=weight)
     row.update(slice_intervals([slice_summary(sims[k]) for k in use], [reals[k].summary for k in use], corrected))
+    # the error's standard error from the two sides' request sampling alone (acceptance differs from request to
+    # request; sim and real serve different texts)
+    row["tpu_mean_sampling_se"] = float(np.hypot(tpu_sampling_se([run for k in use for run in sims[k]]),
+                                                 tpu_sampling_se([reals[k] for k in use])))
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
                                              policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,

@@ -113,6 +113,26 @@ def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, 
     return row
 
 
+def tpu_sampling_se(parts: Sequence[Any]) -> float:
+    """How far the pooled mean tok/s/user of ``parts`` (runs or slices, each with ``requests``, ``summary`` and
+    ``spec.warmup_s``) may lie from its expectation by which requests happened to be served: the standard error
+    of the mean of the per-request rates finished in each window, from their spread about their domain's mean
+    (sim and real serve the same domains), over the mean. NaN with fewer than two requests."""
+    rates, domains = [], []
+    for part in parts:
+        start_s = part.spec.warmup_s
+        req = part.requests
+        done = req[(req["finished_at"] > start_s) & (req["finished_at"] <= start_s + part.summary["window_s"])
+                   & (req["output_tokens"] > 1)]
+        rates.append((done["output_tokens"] - 1) / (done["finished_at"] - done["first_token_at"]))
+        domains.append(done["domain"].astype(str))
+    rate, domain = pd.concat(rates, ignore_index=True), pd.concat(domains, ignore_index=True)
+    if len(rate) < 2:
+        return float("nan")
+    within = rate - rate.groupby(domain).transform("mean")
+    return float(within.std(ddof=1) / np.sqrt(len(rate)) / rate.mean())
+
+
 def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, Any]],
                     drifts: np.ndarray | None = None, level: float = 0.95) -> dict[str, float]:
     """The spread of a point's error across its slices: for each bounded metric, the relative error of every slice
@@ -132,6 +152,13 @@ def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, An
     return out
 
 
+def kept_slices(drifts: np.ndarray, tolerance: float) -> tuple[list[int], bool]:
+    """The slices a point keeps (machine drift within +-``tolerance``) and whether it is spoiled: fewer than half
+    of its slices kept."""
+    kept = [k for k, drift in enumerate(drifts) if abs(drift) <= tolerance]
+    return kept, 2 * len(kept) < len(drifts)
+
+
 SLICE_FIGURES = ("output_tokens_per_s", "num_requests_finished")  # each slice's, sim and real, in slices.csv
 
 
@@ -139,8 +166,9 @@ def slice_records(point: tuple[str, int], drifts: np.ndarray, tolerance: float, 
                   reals: Sequence[Any]) -> list[dict[str, Any]]:
     """One record per slice of a point: its machine drift, whether it was kept, sim and real throughput (the
     simulator's figures: the mean over its runs of the slice, ``sims[k]``, one per acceptance draw)."""
-    return [{"policy": point[0], "num_users": point[1], "slice": k, "machine_drift": float(d),
-             "kept": bool(abs(d) <= tolerance), "cpu_fraction": real.summary.get("cpu_fraction", np.nan),
+    kept, _ = kept_slices(drifts, tolerance)
+    return [{"policy": point[0], "num_users": point[1], "slice": k, "machine_drift": float(d), "kept": k in kept,
+             "cpu_fraction": real.summary.get("cpu_fraction", np.nan),
              **{f"{m}_{side}": value for m in SLICE_FIGURES
                 for side, value in (("sim", float(np.mean([run.summary[m] for run in sim]))),
                                     ("real", real.summary[m]))}}
@@ -192,6 +220,22 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
     return (f"MACHINE NOT STEADY: {refused} of {slices} slices refused for drift (more than "
             f"{100 * STEADY_MAX_REFUSED_SHARE:g}% is unsteady)" + (f", {spoiled} point(s) spoiled" if spoiled else "")
             + "; the errors mix the machine's drift with the simulator's: rerun on a quiet machine")
+
+
+def sampling_note(table: pd.DataFrame) -> str:
+    """The tok/s/user error that request sampling alone makes (``tpu_mean_sampling_se`` of the reported points):
+    its largest standard error, and the mean |error| a simulator without any error of its own would show,
+    sqrt(2 / pi) times the standard error averaged over the points."""
+    if "tpu_mean_sampling_se" not in table:
+        return ""
+    se = table.loc[table["tpu_mean_err"].notna(), ["policy", "num_users", "tpu_mean_sampling_se"]].dropna()
+    if se.empty:
+        return ""
+    worst = se.loc[se["tpu_mean_sampling_se"].idxmax()]
+    return (f"tok/s/user sampling noise (which requests, hence which acceptance, each side served): standard error "
+            f"up to {100 * worst['tpu_mean_sampling_se']:.1f}% ({worst['policy']} x{worst['num_users']}); "
+            f"an exact simulator would show a mean |error| of about "
+            f"{100 * np.sqrt(2 / np.pi) * se['tpu_mean_sampling_se'].mean():.1f}% from it alone")
 
 
 def _or_dash(value: float, digits: int) -> str:

@@ -58,6 +58,7 @@ from calibration.validation.report import (
     markdown_table,
     mean_abs_errors,
     refusal_note,
+    sampling_note,
     slice_records,
     worst_errors,
 )
@@ -290,6 +291,7 @@ def report_text(result: Validation) -> str:
         + refusal_note(result.table, cfg.drift_tolerance)
         + (f"; drift correction weight {result.table['drift_weight'].iloc[0]:.2f} (1 - the reference probe's own "
            "noise over the drifts' mean square)" if "drift_weight" in result.table and len(result.table) else ""),
+        sampling_note(result.table),
     ]
     verdict = machine_verdict(result.table)
     return "\n".join(([verdict, ""] if verdict else []) + lines)
