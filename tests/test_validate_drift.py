@@ -5,7 +5,6 @@ excess, the weight of the drift correction, and the loop's CPU clock."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -22,8 +21,8 @@ from calibration.validation.report import (
     kept_slices,
     machine_verdict,
     sampling_note,
+    sampling_se,
     slice_intervals,
-    tpu_sampling_se,
 )
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
@@ -151,29 +150,18 @@ def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(
     assert [line.split(":")[0] for line in lines if "MACHINE NOT STEADY" in line] == [f"run2 ({unsteady})"]
 
 
-def test_tpu_sampling_se_is_the_standard_error_of_rates_about_their_domain_means() -> None:
-    """Per-request rates finished in the window, about their domain's mean: 4 chat requests at 100 +- 10 tok/s,
-    4 math ones at 200 +- 20 (the domains' gap is not noise); requests outside the window or with one token
-    do not count."""
-    def part(rates: list[float], domains: list[str], warmup_s: float = 1.0) -> SimpleNamespace:
-        n = len(rates)
-        first = np.full(n, warmup_s + 0.5)
-        requests = pd.DataFrame({"domain": domains, "output_tokens": 101, "first_token_at": first,
-                                 "finished_at": first + 100 / np.array(rates)})
-        extra = pd.DataFrame({"domain": ["chat", "chat"], "output_tokens": [101, 1], "first_token_at": [0.1, 1.5],
-                              "finished_at": [0.5, 1.6]})  # finished before the window; one token only
-        return SimpleNamespace(spec=SimpleNamespace(warmup_s=warmup_s), summary={"window_s": 10.0},
-                               requests=pd.concat([requests, extra], ignore_index=True))
-    parts = [part([90, 110, 180, 220], ["chat", "chat", "math", "math"]),
-             part([110, 90, 220, 180], ["chat", "chat", "math", "math"])]
-    within = np.array([-10, 10, -20, 20, 10, -10, 20, -20], dtype=float)
-    expected = within.std(ddof=1) / np.sqrt(8) / 150.0
-    assert tpu_sampling_se(parts) == pytest.approx(expected, rel=1e-9)
-    assert np.isnan(tpu_sampling_se([part([100], ["chat"])]))
+def test_sampling_se_is_one_draws_spread_plus_the_mean_of_the_draws() -> None:
+    """The real run is one draw of the acceptance process, the simulator's figure the mean of n: the error's
+    standard error is sd * sqrt(1 + 1/n), relative to the mean; the report quotes its largest and the mean
+    |error| it alone would make, sqrt(2/pi) times its mean over the reported points."""
+    draws = [98.0, 102.0, 100.0, 100.0]
+    assert sampling_se(draws) == pytest.approx(np.std(draws, ddof=1) * np.sqrt(1.25) / 100.0, rel=1e-12)
+    assert np.isnan(sampling_se([100.0]))
     table = pd.DataFrame({"policy": ["mtp1", "dspark"], "num_users": [1, 2], "tpu_mean_err": [0.01, np.nan],
                           "tpu_mean_sampling_se": [0.02, 0.05]})  # the spoiled point (NaN error) is left out
-    assert "up to 2.0% (mtp1 x1)" in sampling_note(table) and f"{100 * np.sqrt(2 / np.pi) * 0.02:.1f}%" in \
-        sampling_note(table)
+    note = sampling_note(table)
+    assert "up to 2.0% (mtp1 x1)" in note and f"about {100 * np.sqrt(2 / np.pi) * 0.02:.1f}%" in note
+    assert "needs --sim-replicas >= 2" in sampling_note(table.assign(tpu_mean_sampling_se=np.nan))
 
 
 def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_below_half() -> None:

@@ -14,8 +14,8 @@ from calibration.validation.report import (
     mean_context_tokens,
     point_row,
     pooled_summary,
+    sampling_se,
     slice_intervals,
-    tpu_sampling_se,
 )
 from calibration.validation.setup import ValidationConfig
 from policies import make_policy
@@ -65,10 +65,10 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     row.update(slices_kept=len(kept), slices=len(drifts), max_abs_drift=float(np.abs(drifts).max()),
                spoiled=spoiled, drift_factor=factor, drift_weight=weight)
     row.update(slice_intervals([slice_summary(sims[k]) for k in use], [reals[k].summary for k in use], corrected))
-    # the error's standard error from the two sides' request sampling alone (acceptance differs from request to
-    # request; sim and real serve different texts)
-    row["tpu_mean_sampling_se"] = float(np.hypot(tpu_sampling_se([run for k in use for run in sims[k]]),
-                                                 tpu_sampling_se([reals[k] for k in use])))
+    # the error's standard error from request sampling alone (acceptance differs from request to request, and
+    # sim and real serve different texts), from the spread of the simulator's acceptance draws
+    row["tpu_mean_sampling_se"] = sampling_se([_read_tpu(pooled_summary([sims[k][r] for k in use]))
+                                               for r in range(len(sims[use[0]]))])
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
                                              policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,
@@ -76,6 +76,10 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row
+
+
+def _read_tpu(summary: dict[str, Any]) -> float:
+    return float(summary["tokens_per_s_per_user"]["mean"])
 
 
 def slice_summary(runs: list[Any]) -> dict[str, Any]:

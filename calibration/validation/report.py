@@ -113,24 +113,15 @@ def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, 
     return row
 
 
-def tpu_sampling_se(parts: Sequence[Any]) -> float:
-    """How far the pooled mean tok/s/user of ``parts`` (runs or slices, each with ``requests``, ``summary`` and
-    ``spec.warmup_s``) may lie from its expectation by which requests happened to be served: the standard error
-    of the mean of the per-request rates finished in each window, from their spread about their domain's mean
-    (sim and real serve the same domains), over the mean. NaN with fewer than two requests."""
-    rates, domains = [], []
-    for part in parts:
-        start_s = part.spec.warmup_s
-        req = part.requests
-        done = req[(req["finished_at"] > start_s) & (req["finished_at"] <= start_s + part.summary["window_s"])
-                   & (req["output_tokens"] > 1)]
-        rates.append((done["output_tokens"] - 1) / (done["finished_at"] - done["first_token_at"]))
-        domains.append(done["domain"].astype(str))
-    rate, domain = pd.concat(rates, ignore_index=True), pd.concat(domains, ignore_index=True)
-    if len(rate) < 2:
+def sampling_se(draws: Sequence[float]) -> float:
+    """The standard error, relative to their mean, that request sampling puts on a sim-vs-real error, from the
+    simulator's figure in ``draws`` independent acceptance draws over the same requests: one draw's spread is
+    what the real run (one draw of the same process) carries, and the mean of the draws carries 1/n of its
+    variance -> ``sd * sqrt(1 + 1/n) / mean``. NaN with fewer than two draws."""
+    values = np.asarray(draws, dtype=np.float64)
+    if values.size < 2:
         return float("nan")
-    within = rate - rate.groupby(domain).transform("mean")
-    return float(within.std(ddof=1) / np.sqrt(len(rate)) / rate.mean())
+    return float(np.std(values, ddof=1) * np.sqrt(1 + 1 / values.size) / values.mean())
 
 
 def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, Any]],
@@ -230,9 +221,10 @@ def sampling_note(table: pd.DataFrame) -> str:
         return ""
     se = table.loc[table["tpu_mean_err"].notna(), ["policy", "num_users", "tpu_mean_sampling_se"]].dropna()
     if se.empty:
-        return ""
+        return "tok/s/user sampling noise: not estimated (it needs --sim-replicas >= 2)"
     worst = se.loc[se["tpu_mean_sampling_se"].idxmax()]
-    return (f"tok/s/user sampling noise (which requests, hence which acceptance, each side served): standard error "
+    return (f"tok/s/user sampling noise (which texts, hence which acceptance, the requests got; from the spread "
+            f"of the simulator's acceptance draws): standard error "
             f"up to {100 * worst['tpu_mean_sampling_se']:.1f}% ({worst['policy']} x{worst['num_users']}); "
             f"an exact simulator would show a mean |error| of about "
             f"{100 * np.sqrt(2 / np.pi) * se['tpu_mean_sampling_se'].mean():.1f}% from it alone")
