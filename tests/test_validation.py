@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,7 +25,7 @@ from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.specdec import ContextCost, prefill_groups
 from calibration.validation.setup import ValidationConfig, median_profile, profile_config
-from calibration.validation.validate import main, parse_args
+from calibration.validation.validate import Validation, main, parse_args
 from policies import make_policy
 from policies.base import CostCurve
 from policies.dspark import DSpark
@@ -48,6 +50,25 @@ FALLING_COST = CostCurve(batch_tokens=np.arange(1, 401), steps_per_s=100.0 / np.
 # 10% + 15% (+ the measured drift of the point), so it fails on a model error, not on a neighbour.
 ERROR_TARGET = 0.10
 NOISE_MARGIN = 0.15
+# The reference probe brackets each slice, not what happens inside it: when the machine's speed wandered by more
+# than this around any slice (on an unsteady VM, 15-30% around every slice, and errors up to 31% against a bound
+# of 30%), the run says more about the machine than about the simulator: the test runs the command once more and
+# checks the steadier run.
+STEADY_DRIFT = 0.10
+
+
+def validate_on_a_steady_spell(argv: list[str], tmp_path: Path) -> tuple[Validation, Path]:
+    """``python -m calibration.validate`` with ``argv`` -> (its result, its output directory); run once more when
+    any slice drifted beyond :data:`STEADY_DRIFT`, and keep the run whose worst slice drifted least."""
+    runs = []
+    for attempt in range(2):
+        out = tmp_path / f"attempt{attempt}"
+        result = main([*argv, "--out", str(out)])
+        runs.append((float(result.table["max_abs_drift"].max()), attempt, result, out))
+        if runs[-1][0] <= STEADY_DRIFT:
+            break
+    _, _, result, out = min(runs, key=lambda run: run[:2])
+    return result, out
 
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -246,11 +267,10 @@ def test_profile_passes_combine_by_element_wise_median() -> None:
 @pytest.mark.slow  # about a minute of real serving: CI's second step
 def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     """The CLI on a tiny setup: random tiny models, 2 and 4 users, 2 s per point in two rounds, short outputs."""
-    out = tmp_path / "validation"
-    result = main(["--models", "random", "--policies", "mtp1,greedy,dspark", "--users", "2,4",
-                   "--duration-s", "2", "--warmup-s", "0.3", "--rounds", "2", "--output-tokens", "32",
-                   "--profile-repeats", "5", "--log-requests", "32", "--nice", "-10", "--seed", "0",
-                   "--drift-tolerance", "10", "--out", str(out)])
+    result, out = validate_on_a_steady_spell(
+        ["--models", "random", "--policies", "mtp1,greedy,dspark", "--users", "2,4", "--duration-s", "2",
+         "--warmup-s", "0.3", "--rounds", "2", "--output-tokens", "32", "--profile-repeats", "5",
+         "--log-requests", "32", "--nice", "-10", "--seed", "0", "--drift-tolerance", "10"], tmp_path)
     table = result.table
     assert len(table) == 6 and set(table["policy"]) == {"mtp1", "greedy", "dspark"}
     for name in ("profile.json", "pricing_profile.json", "acceptance_log_g1.parquet", "acceptance_log_g7.parquet",
@@ -344,10 +364,10 @@ def test_long_context_validation_stays_near_the_real_loop(tmp_path) -> None:
     per point, one refused slice spoils the point, and on an unsteady machine (the real slices 25-33% slower
     than profiling) every point was spoiled and nothing was checked: no slice is refused here (the drift
     correction and the bound's room for the drift stay)."""
-    result = main(["--models", "random", "--long-context", "--policies", "mtp1,dspark", "--users", "1,2",
-                   "--duration-s", "4", "--warmup-s", "0.3", "--rounds", "2", "--profile-repeats", "5",
-                   "--log-requests", "12", "--nice", "-15", "--seed", "0", "--drift-tolerance", "10",
-                   "--out", str(tmp_path / "long")])
+    result, _ = validate_on_a_steady_spell(
+        ["--models", "random", "--long-context", "--policies", "mtp1,dspark", "--users", "1,2", "--duration-s", "4",
+         "--warmup-s", "0.3", "--rounds", "2", "--profile-repeats", "5", "--log-requests", "12", "--nice", "-15",
+         "--seed", "0", "--drift-tolerance", "10"], tmp_path)
     table = result.table
     assert result.profile.version == 2 and result.profile.key_padding == "longest"
     assert (table["context_real"] > 1000).all() and (table["context_sim"] > 1000).all()
