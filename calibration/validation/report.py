@@ -192,8 +192,8 @@ def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
 
 
 # A run whose drift guard refused more than this share of its real slices ran on a machine too unsteady for
-# its errors to measure the simulator (on the idle 2-core machine: 0-1 of 60 slices; runs refusing 9-23 of 60
-# came out 2-3 times as far off, docs/validation.md).
+# its errors to measure the simulator (on the idle 2-core machine: 0-1 of 60 slices; runs refusing 9 and 23 of
+# 60 came out 1.5 and 3 times as far off, docs/validation.md).
 STEADY_MAX_REFUSED_SHARE = 0.10
 
 
