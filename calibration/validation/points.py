@@ -67,8 +67,9 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     row.update(slice_intervals([slice_summary(sims[k]) for k in use], [reals[k].summary for k in use], corrected))
     # the error's standard error from request sampling alone (acceptance differs from request to request, and
     # sim and real serve different texts), from the spread of the simulator's acceptance draws
-    row["tpu_mean_sampling_se"] = sampling_se([_read_tpu(pooled_summary([sims[k][r] for k in use]))
-                                               for r in range(len(sims[use[0]]))])
+    draws = [pooled_summary([sims[k][r] for k in use])["tokens_per_s_per_user"]["mean"]
+             for r in range(len(sims[use[0]]))]
+    row["tpu_mean_sampling_se"] = sampling_se([np.nan if d is None else d for d in draws])
     policy = make_policy(point[0])
     row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
                                              policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,
@@ -76,10 +77,6 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row
-
-
-def _read_tpu(summary: dict[str, Any]) -> float:
-    return float(summary["tokens_per_s_per_user"]["mean"])
 
 
 def slice_summary(runs: list[Any]) -> dict[str, Any]:
