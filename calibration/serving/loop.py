@@ -64,6 +64,7 @@ from calibration.serving.spec import (
     ServingSpec,
     random_prompts,
 )
+from calibration.serving.speed_meter import tick as speed_tick
 from simulator.engine import StepLog
 from simulator.metrics import add_request_metrics, requests_in_run, summarize
 from simulator.requests import RequestStore
@@ -316,6 +317,12 @@ class _Server:
             times.append(float(self.store.arrival_at[self.next_arrival]))
         return min(times) if times else None
 
+    def _read_speed(self) -> None:
+        """The speed meter's reading before a step (when one is active), kept off the decode clock."""
+        started = self.clock.timer()
+        speed_tick()
+        self.clock.excised_s += self.clock.timer() - started
+
     def run(self) -> float:
         """Serve until ``duration_s`` (or, open loop without one, until every request finished); returns the end."""
         until, clock = self.spec.duration_s, self.clock
@@ -333,9 +340,11 @@ class _Server:
             now = clock.now()
             self._admit(now)
             if self.batch.num_requests:
+                self._read_speed()
                 self._step()
                 continue
             if self.chunked is not None and not self.chunked.idle:
+                self._read_speed()
                 self._chunk_step()
                 continue
             wake_at = self._next_event_at()

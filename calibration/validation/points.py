@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from calibration.profiling.step_prices import step_cost_ratio
 from calibration.validation.report import (
@@ -40,6 +41,18 @@ def drift_weight(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray,
     refs = np.asarray(reference_s if reference_s is not None else [], dtype=np.float64)
     reference_var = (float(np.var(refs / refs.mean(), ddof=1)) / refs.size if refs.size > 1 else noise)
     return max(0.0, 1.0 - (noise + reference_var) / signal)
+
+
+def drift_readings(probes: pd.DataFrame, measure: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What :func:`drift_weight` reads from a run's probe log (``calibration.validation.validate.PROBE_COLUMNS``):
+    each slice's two readings and the profile passes' means. ``probe``: the probe timed before and after; ``meter``:
+    the meter's mean -+ its standard error (so that their half-difference is the mean's error)."""
+    slices, passes = probes[probes["phase"] == "slice"], probes[probes["phase"] == "profile"]
+    if measure == "meter":
+        mean_s, se_s = slices["meter_s"].to_numpy(), slices["meter_se_s"].to_numpy()
+        return mean_s - se_s, mean_s + se_s, passes["meter_s"].to_numpy()
+    return (slices["before_s"].to_numpy(), slices["after_s"].to_numpy(),
+            0.5 * (passes["before_s"] + passes["after_s"]).to_numpy())
 
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],

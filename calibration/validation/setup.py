@@ -76,6 +76,9 @@ class ValidationConfig:
     token_budget: int | None = None  # max_num_batched_tokens of a step (sim and real); chunked prefill needs one
     clock: str = "cpu"  # the real loop's decode clock: "cpu" (thread CPU seconds + sleeps) or "wall"
     drift_tolerance: float = 0.10  # a slice whose reference probe is further than this from profiling's is refused
+    # what measures the drift: "probe" (speed_reference, timed before and after each pass and slice) or "meter"
+    # (the canary timed before every profile timing and real step: calibration.serving.speed_meter)
+    drift_measure: str = "probe"
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4
@@ -104,6 +107,8 @@ class ValidationConfig:
                              "decoding requests its one token per step")
         if self.clock not in ("cpu", "wall"):
             raise ValueError(f"clock must be 'cpu' or 'wall', got {self.clock!r}")
+        if self.drift_measure not in ("probe", "meter"):
+            raise ValueError(f"drift_measure must be 'probe' or 'meter', got {self.drift_measure!r}")
         if self.sim_replicas < 1:
             raise ValueError(f"sim_replicas must be >= 1, got {self.sim_replicas}")
         if not self.drift_tolerance > 0:
@@ -283,6 +288,18 @@ def speed_reference(cfg: ValidationConfig, models: Models, repeats: int = 30) ->
             draft(), verify()
         return (timer() - start) / repeats
     return measure_s
+
+
+def speed_canary(cfg: ValidationConfig, models: Models) -> Callable[[], object]:
+    """The speed meter's canary (:mod:`calibration.serving.speed_meter`): one verifier forward of one token at
+    the traffic's median context (3 ms on the trained tiny models), with its own cache."""
+    call = verify_call(models.verifier, models.verifier, torch.device("cpu"), torch.Generator().manual_seed(cfg.seed),
+                       1, [1], cfg.context_tokens)()
+
+    def canary() -> object:
+        with torch.inference_mode():
+            return call()
+    return canary
 
 
 def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.DataFrame:

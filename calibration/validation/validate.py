@@ -35,7 +35,9 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -50,8 +52,9 @@ from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.specdec import ContextCost
+from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
-from calibration.validation.points import drift_weight, point_result
+from calibration.validation.points import drift_readings, drift_weight, point_result
 from calibration.validation.report import (
     frontier_figure,
     machine_verdict,
@@ -72,6 +75,7 @@ from calibration.validation.setup import (
     simulate_slice,
     simulation_spec,
     simulator_setup,
+    speed_canary,
     speed_reference,
 )
 from policies import make_policy
@@ -86,8 +90,10 @@ LONG_CONTEXT: dict[str, Any] = {"prompt_tokens": 2048, "length_sigma": 0.35, "pr
                                 "profile_version": 2, "log_requests": 24}
 
 
-# One timing of the reference probe around a profiling pass or a real slice (seconds; see speed_reference).
-PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s")
+# One timing of the reference probe around a profiling pass or a real slice (seconds; see speed_reference), and the
+# speed meter's mean canary reading inside it, its standard error and count (--drift-measure meter; else NaN, NaN, 0).
+PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s", "meter_s", "meter_se_s",
+                 "meter_readings")
 
 
 @dataclass(frozen=True)
@@ -131,10 +137,8 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
-        slice_probes, pass_probes = probes[probes["phase"] == "slice"], probes[probes["phase"] == "profile"]
         weight = drift_weight(np.concatenate([np.array(drifts[p]) / profile_reference_s - 1 for p in points]),
-                              slice_probes["before_s"].to_numpy(), slice_probes["after_s"].to_numpy(),
-                              0.5 * (pass_probes["before_s"] + pass_probes["after_s"]).to_numpy())
+                              *drift_readings(probes, cfg.drift_measure))
         for point in points:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = np.array(drifts[point]) / profile_reference_s - 1
@@ -189,14 +193,25 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
     log = probe_log if probe_log is not None else []
     reals: dict[tuple[str, int], list] = {p: [] for p in points}
     probes: dict[tuple[str, int], list[float]] = {p: [] for p in points}
+    meter = SpeedMeter(speed_canary(cfg, models), time.thread_time if cfg.clock == "cpu" else time.perf_counter)
+
+    def measured(key: tuple[str, str, int, int], work: Callable[[], Any]) -> tuple[Any, float]:
+        """(``work()``, the machine's speed reading over it: the meter's mean, or the probe's before and after);
+        ``key``: (phase, policy, users, round), logged with the readings."""
+        before_s = reference()
+        with meter.phase(key) if cfg.drift_measure == "meter" else nullcontext():
+            done = work()
+        after_s = reference()
+        mean_s, se_s, n = meter.summary(key)
+        log.append(dict(zip(PROBE_COLUMNS, (key[3], *key[:3], before_s, after_s, mean_s, se_s, n), strict=True)))
+        return done, mean_s if cfg.drift_measure == "meter" else 0.5 * (before_s + after_s)
+
     for round_idx in range(cfg.rounds):
         if cfg.profile is None or round_idx == 0:
             progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
-            before_s = reference()
-            passes.append(measure_profile(cfg, models))
-            after_s = reference()
-            profile_refs.append(0.5 * (before_s + after_s))
-            log.append(dict(zip(PROBE_COLUMNS, (round_idx, "profile", "", 0, before_s, after_s), strict=True)))
+            profile_pass, speed_s = measured(("profile", "", 0, round_idx), lambda: measure_profile(cfg, models))
+            passes.append(profile_pass)
+            profile_refs.append(speed_s)
             if round_idx == 0:
                 check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
         shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
@@ -207,13 +222,11 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
             serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
                                            _pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
                                            models.description)
-            before_s = reference()
-            reals[(name, users)].append(serve(ServingSpec(
-                policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s, cfg.warmup_s,
-                cfg.seed + round_idx, cfg.prefill, clock=cfg.clock), serving_models))  # type: ignore[arg-type]
-            after_s = reference()
-            probes[(name, users)].append(0.5 * (before_s + after_s))
-            log.append(dict(zip(PROBE_COLUMNS, (round_idx, "slice", name, users, before_s, after_s), strict=True)))
+            spec = ServingSpec(policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s,
+                               cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
+            real, speed_s = measured(("slice", name, users, round_idx), partial(serve, spec, serving_models))
+            reals[(name, users)].append(real)
+            probes[(name, users)].append(speed_s)
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], float(np.median(profile_refs)), reals, probes
 
@@ -354,6 +367,10 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
                    help="refuse a real slice whose reference probe differs from profiling's by more than this "
                         "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
+    p.add_argument("--drift-measure", default=d.drift_measure, choices=["probe", "meter"],
+                   help="what measures the machine's drift: probe (a fixed probe timed before and after each profile "
+                        "pass and real slice) or meter (a small canary timed before every profile timing and real "
+                        "step, off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
