@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -14,6 +15,9 @@ from calibration.models.drafters import build_drafter
 from calibration.profiling.timing import run_times_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.speed_meter import ERROR_BATCHES, SpeedMeter, tick
+from calibration.validation.points import drift_readings
+from calibration.validation.setup import ValidationConfig
+from calibration.validation.validate import PROBE_COLUMNS, parse_args
 from policies import make_policy
 from policies.base import CostCurve
 from simulator import EngineLimits
@@ -85,7 +89,23 @@ def test_serving_loop_reads_the_meter_before_each_step_off_its_clock(tiny_verifi
     with meter.phase("slice"):
         steps = serve(spec, ServingModels(verifier, drafter, random_prompts(8), cost, "v8")).steps
     assert len(meter.readings["slice"]) == len(steps) > 10
+    assert steps["canary_s"].tolist() == meter.readings["slice"]  # each step's own reading, in order
     assert min(meter.readings["slice"]) >= canary_s
     # On the decode clock a step follows the previous one at once: the canary's sleep is not in the gaps.
     gaps_s = steps["start_at"].to_numpy()[1:] - steps["end_at"].to_numpy()[:-1]
     assert np.median(gaps_s) < canary_s / 3
+
+
+def test_validation_reads_the_drift_from_the_measure_asked_for() -> None:
+    probes = pd.DataFrame([
+        (0, "profile", "", 0, 1.0, 3.0, 10.0, 0.5, 900),
+        (0, "slice", "mtp1", 2, 2.0, 4.0, 12.0, 1.0, 200),
+        (1, "profile", "", 0, 2.0, 2.0, 11.0, 0.5, 900),
+    ], columns=list(PROBE_COLUMNS))
+    before, after, passes = drift_readings(probes, "meter")
+    assert before.tolist() == [11.0] and after.tolist() == [13.0] and passes.tolist() == [10.0, 11.0]
+    before, after, passes = drift_readings(probes, "probe")
+    assert before.tolist() == [2.0] and after.tolist() == [4.0] and passes.tolist() == [2.0, 2.0]
+    assert parse_args(["--drift-measure", "meter"])[0].drift_measure == "meter"
+    with pytest.raises(ValueError, match="drift_measure must be 'probe' or 'meter'"):
+        ValidationConfig(drift_measure="canary")

@@ -165,7 +165,8 @@ def test_tables_have_the_simulators_schema(served) -> None:
     assert list(result.requests.columns) == list(sim.requests.columns)
     assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens",
                                           "prefill_tokens", "num_prefill_requests", "max_verified_tokens", "wait_s",
-                                          "cpu_at"]
+                                          "cpu_at", "canary_s"]
+    assert result.steps["canary_s"].isna().all()  # no speed meter was reading
     assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
 
 

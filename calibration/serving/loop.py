@@ -127,6 +127,7 @@ class _Server:
         self.outputs: dict[int, list[int]] = {}
         self.num_finished = 0
         self.waited_s = 0.0  # slept since the previous step (see _take_wait)
+        self.canary_s = float("nan")  # the speed meter's reading before the current step (see _read_speed)
         self.cpu_start_s = time.thread_time()
         g = spec.policy.draft_tokens(spec.gamma)
         self.verified_length_counts = np.zeros(g + 1, dtype=np.int64)
@@ -247,7 +248,7 @@ class _Server:
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
                           host_s, 0, 0, prefill_tokens, num_prefilling, 0, self._take_wait(),
-                          time.thread_time() - self.cpu_start_s)
+                          time.thread_time() - self.cpu_start_s, self.canary_s)
 
     def _take_wait(self) -> float:  # seconds slept since the previous step (its wait_s)
         waited_s, self.waited_s = self.waited_s, 0.0
@@ -300,7 +301,7 @@ class _Server:
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
                           timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()),
                           prefill_tokens, num_prefilling, int(lengths.max()), self._take_wait(),
-                          time.thread_time() - self.cpu_start_s)
+                          time.thread_time() - self.cpu_start_s, self.canary_s)
         if finished.size:
             self._finish(finished, end_at)
 
@@ -318,9 +319,10 @@ class _Server:
         return min(times) if times else None
 
     def _read_speed(self) -> None:
-        """The speed meter's reading before a step (when one is active), kept off the decode clock."""
+        """The speed meter's reading before a step (when one is active; the step's ``canary_s``, NaN without),
+        kept off the decode clock."""
         started = self.clock.timer()
-        speed_tick()
+        self.canary_s = speed_tick()
         self.clock.excised_s += self.clock.timer() - started
 
     def run(self) -> float:

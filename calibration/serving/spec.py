@@ -37,7 +37,7 @@ PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, 
 # time other jobs took).
 STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens", "prefill_tokens",
                 "num_prefill_requests", "max_verified_tokens", "wait_s",
-                "cpu_at")
+                "cpu_at", "canary_s")
 # The prefill chunks of a chunked run, one row per chunk computed (ServingResults.chunks): the step it ran in (its
 # row in the run's steps table, counted from 0), its request, the prompt tokens computed before it (what it attends
 # over besides itself, the simulator's chunk context) and its prompt tokens. A step's chunk_tokens sum to its

@@ -48,10 +48,12 @@ class SpeedMeter:
         finally:
             _ACTIVE.reset(token)
 
-    def read(self, key: Hashable) -> None:
+    def read(self, key: Hashable) -> float:
+        """Time the canary once for ``key`` -> the reading (seconds)."""
         start = self.timer()
         self.canary()
         self.readings[key].append(self.timer() - start)
+        return self.readings[key][-1]
 
     def summary(self, key: Hashable) -> tuple[float, float, int]:
         """(mean seconds, standard error of the mean from :data:`ERROR_BATCHES` contiguous batches, readings) of
@@ -65,9 +67,10 @@ class SpeedMeter:
         return float(values.mean()), float(batches.std(ddof=1) / np.sqrt(ERROR_BATCHES)), int(values.size)
 
 
-def tick() -> None:
-    """Time the canary once for the active phase (nothing outside a phase)."""
+def tick() -> float:
+    """Time the canary once for the active phase -> the reading (seconds); outside a phase nothing, NaN."""
     active = _ACTIVE.get()
-    if active is not None:
-        meter, key = active
-        meter.read(key)
+    if active is None:
+        return float("nan")
+    meter, key = active
+    return meter.read(key)
