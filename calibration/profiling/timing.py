@@ -17,8 +17,6 @@ from pathlib import Path
 
 import torch
 
-from calibration.serving.speed_meter import tick
-
 Prepare = Callable[[], Callable[[], object]]  # sets up one timing point (untimed), returns the call to time
 
 
@@ -32,9 +30,7 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
 
 
 def time_once_s(call: Callable[[], object], sync: Callable[[], None] = _no_sync) -> float:
-    """Wall seconds of one run of ``call``, the device synchronised before and after (and the speed meter read
-    before, when one is active: :mod:`calibration.serving.speed_meter`)."""
-    tick()
+    """Wall seconds of one run of ``call``, the device synchronised before and after."""
     sync()
     start = time.perf_counter()
     call()

@@ -1,16 +1,19 @@
-"""The machine's speed read beside the measured work: a small fixed call (the canary) timed before each timed run.
+"""The machine's speed read beside the served work: a small fixed call (the canary) timed before every step.
 
-On a shared 2-core VM the speed of a core does not wander slowly: it flickers between a fast and a slow state
-(a verifier forward 1.4-2x as long in the slow one) in spells of a few milliseconds to seconds, and the share of
-time spent slow changes from minute to minute. A probe timed before and after a stretch of work reads two moments
-of that; the meter reads the canary before every timed run of a profile pass and before every step of a serving
-run, so a stretch of work gets the mean of hundreds of readings taken at its own pace, and two stretches (a
-profile pass and a real slice) can be compared by the ratio of their means.
+On a shared 2-core VM the speed of a core does not always wander slowly: it can flicker between a fast and a slow
+state (a verifier forward 1.4-2x as long in the slow one) in spells of a few milliseconds to seconds, and the
+share of time spent slow changes from minute to minute. A probe timed before and after a stretch of work reads
+two moments of that; the meter reads the canary before every step of a serving run, so a stretch gets the mean of
+hundreds of readings taken at its own pace, and two stretches can be compared by the ratio of their means.
+
+Only serving-loop steps read it (:func:`calibration.serving.loop.serve`, outside the step and off its decode
+clock): what ran just before the canary changes its time (the caches it finds), so readings compare only between
+stretches of the same kind of work. A profile pass is read through its loop probes - the serving runs that fit
+the loop's own costs, which scale the profile's tables to the loop's steps - and a real slice through its steps.
 
 Use: build a :class:`SpeedMeter` around the canary and a timer, and wrap each stretch in
-``with meter.phase(key):``. Inside it, :func:`tick` (called by :func:`calibration.profiling.timing.time_once_s`
-and by the serving loop before each step, outside their timed regions) times the canary once; outside any phase
-it does nothing. :meth:`SpeedMeter.summary` gives a phase's mean reading and its standard error.
+``with meter.phase(key):``. Inside it, :func:`tick` times the canary once; outside any phase it does nothing.
+:meth:`SpeedMeter.summary` gives a phase's mean reading and its standard error.
 """
 
 from __future__ import annotations

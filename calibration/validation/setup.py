@@ -109,6 +109,9 @@ class ValidationConfig:
             raise ValueError(f"clock must be 'cpu' or 'wall', got {self.clock!r}")
         if self.drift_measure not in ("probe", "meter"):
             raise ValueError(f"drift_measure must be 'probe' or 'meter', got {self.drift_measure!r}")
+        if self.drift_measure == "meter" and self.profile is not None:
+            raise ValueError("drift_measure 'meter' reads the machine during profiling (its loop probes); "
+                             "it cannot with a given profile: leave out profile or use drift_measure 'probe'")
         if self.sim_replicas < 1:
             raise ValueError(f"sim_replicas must be >= 1, got {self.sim_replicas}")
         if not self.drift_tolerance > 0:
