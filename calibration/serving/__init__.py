@@ -6,8 +6,8 @@
 * :mod:`calibration.serving.chunked` - co-located chunked prefill: the waiting queue, the prefill set, each step's
   chunks and their log;
 * :mod:`calibration.serving.clock` - the decode clock (wall, or the loop thread's CPU seconds plus its sleeps);
-* :mod:`calibration.serving.speed_meter` - the machine's speed read beside the work (a canary before each step and
-  each profile timing), for the validation's drift measure;
+* :mod:`calibration.serving.speed_meter` - the machine's speed read beside the work (a canary before each step),
+  for the validation's drift measure;
 * :mod:`calibration.serving.loop` - ``serve``: traffic, admission, finishing and the run's tables, on a wall clock.
 
 Design choice: this loop is the ground truth the simulator is validated against

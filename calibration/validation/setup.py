@@ -77,7 +77,7 @@ class ValidationConfig:
     clock: str = "cpu"  # the real loop's decode clock: "cpu" (thread CPU seconds + sleeps) or "wall"
     drift_tolerance: float = 0.10  # a slice whose reference probe is further than this from profiling's is refused
     # what measures the drift: "probe" (speed_reference, timed before and after each pass and slice) or "meter"
-    # (the canary timed before every profile timing and real step: calibration.serving.speed_meter)
+    # (the canary timed before every serving step, the passes' loop probes and the slices: serving.speed_meter)
     drift_measure: str = "probe"
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks

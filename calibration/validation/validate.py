@@ -368,9 +368,9 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="refuse a real slice whose reference probe differs from profiling's by more than this "
                         "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
     p.add_argument("--drift-measure", default=d.drift_measure, choices=["probe", "meter"],
-                   help="what measures the machine's drift: probe (a fixed probe timed before and after each profile "
-                        "pass and real slice) or meter (a small canary timed before every profile timing and real "
-                        "step, off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
+                   help="the machine's drift from: probe (timed before and after each profile pass and slice) or "
+                        "meter (a small canary timed before every serving step - the passes' loop probes, the real "
+                        "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
