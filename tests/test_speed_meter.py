@@ -113,3 +113,13 @@ def test_validation_reads_the_drift_from_the_measure_asked_for() -> None:
         ValidationConfig(drift_measure="canary")
     with pytest.raises(ValueError, match="cannot with a given profile"):
         ValidationConfig(drift_measure="meter", profile="profile.json")
+
+
+def test_a_stretch_the_meter_barely_read_is_an_error_not_a_silent_weight() -> None:
+    probes = pd.DataFrame([
+        (0, "profile", "", 0, 1.0, 3.0, 10.0, 0.5, 900),
+        (0, "slice", "mtp1", 2, 2.0, 4.0, 12.0, float("nan"), 7),  # 7 readings: no standard error
+    ], columns=list(PROBE_COLUMNS))
+    with pytest.raises(ValueError, match=r"slice of round 0 \(mtp1, 2 users\) only 7 times"):
+        drift_readings(probes, "meter")
+    assert drift_readings(probes, "probe")[0].tolist() == [2.0]  # the probe needs no meter readings

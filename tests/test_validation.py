@@ -50,8 +50,8 @@ FALLING_COST = CostCurve(batch_tokens=np.arange(1, 401), steps_per_s=100.0 / np.
 # 10% + 15% (+ the measured drift of the point), so it fails on a model error, not on a neighbour.
 ERROR_TARGET = 0.10
 NOISE_MARGIN = 0.15
-# The reference probe brackets each slice, not what happens inside it: when the machine's speed wandered by more
-# than this around any slice (on an unsteady VM, 15-30% around every slice, and errors up to 31% against a bound
+# The drift measures cannot see everything inside a slice: when the machine's speed wandered by more than this
+# around any slice (on an unsteady VM, 15-30% around every slice, and errors up to 31% against a bound
 # of 30%), the run says more about the machine than about the simulator: the test runs the command once more and
 # checks the steadier run.
 STEADY_DRIFT = 0.10

@@ -49,6 +49,12 @@ def drift_readings(probes: pd.DataFrame, measure: str) -> tuple[np.ndarray, np.n
     the meter's mean -+ its standard error (so that their half-difference is the mean's error)."""
     slices, passes = probes[probes["phase"] == "slice"], probes[probes["phase"] == "profile"]
     if measure == "meter":
+        unread = probes[probes["meter_s"].isna() | probes["meter_se_s"].isna()]
+        if len(unread):
+            row = unread.iloc[0]
+            raise ValueError(f"the speed meter read the {row['phase']} of round {row['round']} "
+                             f"({row['policy'] or 'profile pass'}, {row['num_users']} users) only "
+                             f"{row['meter_readings']} times (needs 20 for its error): lengthen --duration-s")
         mean_s, se_s = slices["meter_s"].to_numpy(), slices["meter_se_s"].to_numpy()
         return mean_s - se_s, mean_s + se_s, passes["meter_s"].to_numpy()
     return (slices["before_s"].to_numpy(), slices["after_s"].to_numpy(),

@@ -132,16 +132,18 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             for point in points:
                 Cluster(simulation_spec(cfg, point, first_setups, 0))
         probe_log: list[dict[str, Any]] = []
-        profile, pricing, profile_reference_s, reals, drifts = _measure(cfg, models, points, reference, progress,
-                                                                        check, probe_log)
+        profile, pricing, reals = _measure(cfg, models, points, reference, progress, check, probe_log)
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
-        weight = drift_weight(np.concatenate([np.array(drifts[p]) / profile_reference_s - 1 for p in points]),
-                              *drift_readings(probes, cfg.drift_measure))
+        before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
+        slice_drifts = 0.5 * (before_s + after_s) / np.median(pass_s) - 1  # its reading against the passes' median
+        slice_probes = probes[probes["phase"] == "slice"]  # logged round by round: each point's in round order
+        weight = drift_weight(slice_drifts, before_s, after_s, pass_s)
         for point in points:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
-            drift = np.array(drifts[point]) / profile_reference_s - 1
+            drift = slice_drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
+                                 .to_numpy()]
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
@@ -175,11 +177,12 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
              progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None,
              probe_log: list[dict[str, Any]] | None = None
-             ) -> tuple[HardwareProfile, HardwareProfile, float, dict, dict]:
+             ) -> tuple[HardwareProfile, HardwareProfile, dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
     every point. Returns the element-wise median of the rounds' profiles, the first pass (what the real loop's policies
-    price with), the reference probe's mean during profiling, the real slices of each point and the probe timed
-    around each of them. ``probe_log`` gets one record per bracket of the probe (:data:`PROBE_COLUMNS`).
+    price with) and the real slices of each point. ``probe_log`` gets one record per profile pass and per slice: the
+    reference probe timed before and after it and, with ``drift_measure`` meter, the meter's readings inside it
+    (:data:`PROBE_COLUMNS`).
 
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
@@ -189,29 +192,27 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
     their decisions with the first pass's profile, as the simulator's do (``SimulationSpec.policy_profile``):
     the step cost ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
     """
-    passes, profile_refs = [], []
+    passes = []
     log = probe_log if probe_log is not None else []
     reals: dict[tuple[str, int], list] = {p: [] for p in points}
-    probes: dict[tuple[str, int], list[float]] = {p: [] for p in points}
-    meter = SpeedMeter(speed_canary(cfg, models), time.thread_time if cfg.clock == "cpu" else time.perf_counter)
+    meter = (SpeedMeter(speed_canary(cfg, models), time.thread_time if cfg.clock == "cpu" else time.perf_counter)
+             if cfg.drift_measure == "meter" else None)
 
-    def measured(key: tuple[str, str, int, int], work: Callable[[], Any]) -> tuple[Any, float]:
-        """(``work()``, the machine's speed reading over it: the meter's mean, or the probe's before and after);
-        ``key``: (phase, policy, users, round), logged with the readings."""
+    def measured(key: tuple[str, str, int, int], work: Callable[[], Any]) -> Any:
+        """``work()``, the reference probe timed before and after it and the meter reading inside it, logged under
+        ``key``: (phase, policy, users, round)."""
         before_s = reference()
-        with meter.phase(key) if cfg.drift_measure == "meter" else nullcontext():
+        with meter.phase(key) if meter is not None else nullcontext():
             done = work()
         after_s = reference()
-        mean_s, se_s, n = meter.summary(key)
-        log.append(dict(zip(PROBE_COLUMNS, (key[3], *key[:3], before_s, after_s, mean_s, se_s, n), strict=True)))
-        return done, mean_s if cfg.drift_measure == "meter" else 0.5 * (before_s + after_s)
+        readings = meter.summary(key) if meter is not None else (float("nan"), float("nan"), 0)
+        log.append(dict(zip(PROBE_COLUMNS, (key[3], *key[:3], before_s, after_s, *readings), strict=True)))
+        return done
 
     for round_idx in range(cfg.rounds):
         if cfg.profile is None or round_idx == 0:
             progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
-            profile_pass, speed_s = measured(("profile", "", 0, round_idx), lambda: measure_profile(cfg, models))
-            passes.append(profile_pass)
-            profile_refs.append(speed_s)
+            passes.append(measured(("profile", "", 0, round_idx), lambda: measure_profile(cfg, models)))
             if round_idx == 0:
                 check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
         shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
@@ -224,11 +225,10 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                                            models.description)
             spec = ServingSpec(policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s,
                                cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
-            real, speed_s = measured(("slice", name, users, round_idx), partial(serve, spec, serving_models))
-            reals[(name, users)].append(real)
-            probes[(name, users)].append(speed_s)
+            reals[(name, users)].append(measured(("slice", name, users, round_idx),
+                                                 partial(serve, spec, serving_models)))
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
-    return profile, passes[0], float(np.median(profile_refs)), reals, probes
+    return profile, passes[0], reals
 
 
 def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
