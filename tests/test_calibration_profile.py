@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from calibration.profiling.compare import main as compare_main
 from calibration.profiling.loop_costs import LoopCosts
+from calibration.profiling import timing
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -67,6 +69,27 @@ def test_comparison_figure_is_written(measured: Path, tmp_path: Path) -> None:
     out = compare_main([str(measured), "h200_qwen3-8b_analytic", "--out", str(tmp_path / "cmp.png")])
     assert out.stat().st_size > 10_000
     assert json.loads(measured.read_text())["metadata"]["source"] == "measured"
+
+
+def test_a_difference_is_timed_in_rounds_of_both_calls(monkeypatch) -> None:
+    """The attention table's differences: both calls in every round, the order alternating, the median kept. On a
+    fake clock whose speed halves for two rounds, both sides of a round run at the same speed, so the slow spell
+    cannot be charged to one side of the difference."""
+    clock, order = [0.0], []
+    speeds = iter([1.0] * 2 + [2.0] * 4 + [1.0] * 6)  # warm-up, two slow rounds, three fast ones
+
+    def call(name: str, cost_s: float):
+        def run() -> None:
+            order.append(name)
+            clock[0] += cost_s * next(speeds)
+        return lambda: run
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    labels: list[str] = []
+    diffs = timing.time_differences([("pair", call("base", 1.0), call("point", 1.5))], warmup=1, repeats=5,
+                                    device=timing.torch.device("cpu"), on_point=labels.append)
+    assert labels == ["pair"]
+    assert order == ["base", "point"] + ["base", "point", "point", "base"] * 2 + ["base", "point"]
+    assert diffs == [0.5]  # rounds: 1.0, 1.0, 0.5, 0.5, 0.5
 
 
 def test_grids_and_layout() -> None:

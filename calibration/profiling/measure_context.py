@@ -7,8 +7,11 @@ the dense verify table at context 0, the points below and turns them into
 * ``attention.per_request_s[c][q]``: ``A`` requests of ``q`` query tokens each over ``c``
   cached tokens, minus the same forward at context 0, divided by ``A``
   (``attention_requests``): what one request's attention over its context adds to the
-  dense part. The verifier (:mod:`calibration.models.model`) pads every request's keys
-  to the longest context in the batch, so the block says ``key_padding: "longest"``.
+  dense part. The two forwards of a difference are timed in alternation
+  (:func:`~calibration.profiling.timing.time_differences`) and the median of the per-round
+  differences kept, so a spell of slowness on the machine does not land on one side only.
+  The verifier (:mod:`calibration.models.model`) pads every request's keys to the longest
+  context in the batch, so the block says ``key_padding: "longest"``.
 * ``prefill.chunk_attention.per_chunk_s[p][n]``: one request of an ``n``-token chunk over
   ``p`` computed prompt tokens, with the first drafter's context built from the chunk's
   target features (the serving loop does both for every prefilled token; the format has no
@@ -25,8 +28,8 @@ the dense verify table at context 0, the points below and turns them into
   request's keys to the longest context in its batch, so the tables say ``key_padding:
   "longest"`` and the simulator reads them at the batch's longest context, not its mean.
 
-A difference of two medians can come out below 0 when the context adds less than the
-timing noise; such entries are written as 0 and counted in ``metadata.context_tables``.
+A difference can come out below 0 when the context adds less than the timing noise; such
+entries are written as 0 and counted in ``metadata.context_tables``.
 CUDA graphs: every table here is eager; with ``--cuda-graphs N`` on a GPU the dense verify
 table is replayed as CUDA graphs up to N and the ``cuda_graphs`` block written
 (:mod:`calibration.profiling.graphs`); the metadata says which.
@@ -92,20 +95,27 @@ class ContextAxes:
         return self.draft_contexts or self.contexts
 
     def num_points(self, num_drafters: int, num_requests: int, num_draft_tokens: int) -> int:
-        return (len(self.contexts) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
+        return ((len(self.contexts) - 1) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
                 + len(self.prefill_prompts)
                 + num_drafters * len(self.drafter_contexts) * num_requests * num_draft_tokens)
+
+
+def attention_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
+                    gen: torch.Generator) -> list[tuple[str, Prepare, Prepare]]:
+    """The attention table's differences, for :func:`~calibration.profiling.timing.time_differences`: (label, the
+    forward at context 0, the same at context C) for every C > 0 and q, in the order :func:`context_blocks` reads
+    them."""
+    a = axes.attention_requests
+    return [(f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, 0),
+             verify_call(model, forward, device, gen, a * q, [q] * a, c))
+            for c in axes.contexts[1:] for q in axes.queries]
 
 
 def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
                    gen: torch.Generator, drafters: dict[str, Drafter], num_requests: tuple[int, ...],
                    draft_tokens: tuple[int, ...]) -> list[tuple[str, Prepare]]:
-    """Every timing point of the version-2 tables, in the order :func:`context_blocks` reads their times."""
-    a = axes.attention_requests
+    """Every other timing point of the version-2 tables, in the order :func:`context_blocks` reads their times."""
     points: list[tuple[str, Prepare]] = []
-    for c in axes.contexts:
-        for q in axes.queries:
-            points.append((f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, c)))
     first = next(iter(drafters.values()), None)
     for p in axes.chunk_contexts:
         for n in axes.chunks:
@@ -120,16 +130,16 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     return points
 
 
-def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[[int], float],
-                   kinds: tuple[str, ...], num_requests: tuple[int, ...],
+def context_blocks(axes: ContextAxes, attention_diffs: Iterator[float], times: Iterator[float],
+                   dense_s: Callable[[int], float], kinds: tuple[str, ...], num_requests: tuple[int, ...],
                    draft_tokens: tuple[int, ...]) -> tuple[Version2Blocks, dict[str, Any]]:
-    """The version-2 blocks from the times of :func:`context_points` (same order); ``dense_s(n)``: the dense table's
-    seconds at n batch tokens, the base of a chunk. Returns the blocks and their metadata."""
+    """The version-2 blocks from the differences of :func:`attention_pairs` and the times of
+    :func:`context_points` (same orders); ``dense_s(n)``: the dense table's seconds at n batch tokens, the base of
+    a chunk. Returns the blocks and their metadata."""
     a, clipped = axes.attention_requests, 0
-    raw = [[next(times) for _ in axes.queries] for _ in axes.contexts]  # [NC][NQ]
-    attention = []
-    for row in raw:
-        diffs = [(t - base) / a for t, base in zip(row, raw[0], strict=True)]
+    attention = [tuple(0.0 for _ in axes.queries)]  # context 0: the dense part, nothing added
+    for _ in axes.contexts[1:]:
+        diffs = [next(attention_diffs) / a for _ in axes.queries]
         clipped += sum(d < 0 for d in diffs)
         attention.append(tuple(max(d, 0.0) for d in diffs))
     chunk_rows = []
@@ -149,8 +159,8 @@ def context_blocks(axes: ContextAxes, times: Iterator[float], dense_s: Callable[
         draft=draft)
     meta = {
         "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
-                                 f"{a}; the verifier pads keys to the longest context in a batch (key_padding "
-                                 "longest)"),
+                                 f"{a}: the median of the differences of rounds in which the two run back to back; "
+                                 "the verifier pads keys to the longest context in a batch (key_padding longest)"),
         "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens, with the "
                                        f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - the verify "
                                        "table at n batch tokens"),

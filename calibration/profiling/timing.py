@@ -81,6 +81,36 @@ def time_points(points: list[tuple[str, Prepare]], warmup: int, repeats: int, in
     return [statistics.median(out) for out in samples]
 
 
+def time_differences(pairs: list[tuple[str, Prepare, Prepare]], warmup: int, repeats: int, device: torch.device,
+                     on_point: Callable[[str], None]) -> list[float]:
+    """Median over ``repeats`` rounds of t(point) - t(base) for every ``(label, base, point)``, one pair at a time.
+
+    In each round the two calls run back to back (which goes first alternates, so a trend within a round
+    cancels), so a spell in which the machine runs slow costs both sides of a difference alike. A difference of
+    two medians timed seconds apart does not have that: on a machine whose speed flickers it can come out several
+    times too large or below zero.
+    """
+    sync = synchronizer(device)
+    medians = []
+    for label, base_prepare, point_prepare in pairs:
+        on_point(label)
+        base, point = base_prepare(), point_prepare()
+        for _ in range(warmup):
+            base()
+            point()
+        diffs = []
+        for r in range(repeats):
+            if r % 2:
+                point_s = time_once_s(point, sync)
+                base_s = time_once_s(base, sync)
+            else:
+                base_s = time_once_s(base, sync)
+                point_s = time_once_s(point, sync)
+            diffs.append(point_s - base_s)
+        medians.append(statistics.median(diffs))
+    return medians
+
+
 @contextmanager
 def scheduling_priority(nice: int | None, progress: Callable[[str], None]) -> Iterator[None]:
     """Measure at scheduling priority ``nice`` (None: unchanged), restored afterwards.
