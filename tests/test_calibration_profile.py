@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from calibration.profiling import timing
 from calibration.profiling.compare import main as compare_main
 from calibration.profiling.loop_costs import LoopCosts
-from calibration.profiling import timing
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate

@@ -48,7 +48,7 @@ from calibration.models.model import Verifier, build_verifier
 from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.graphs import cuda_graphs_note, graph_call, graph_tables
 from calibration.profiling.loop_costs import with_loop_costs
-from calibration.profiling.measure_context import ContextAxes, attention_pairs, context_blocks, context_points
+from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, difference_pairs
 from calibration.profiling.memory import fit_requests, kv_slots_that_fit
 from calibration.profiling.profile_file import (
     DraftTable,
@@ -218,8 +218,9 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     else:
         points += context_points(axes, model, forward, device, gen, drafters, cfg.num_requests, cfg.draft_tokens)
     times = iter(time_points(points, cfg.warmup, cfg.repeats, cfg.interleave, device, on_point))
-    attention_diffs = iter(() if axes is None else time_differences(
-        attention_pairs(axes, model, forward, device, gen), cfg.warmup, cfg.repeats, device, on_point))
+    differences = iter(() if axes is None else time_differences(
+        difference_pairs(axes, model, forward, device, gen, drafters, lambda n: split_tokens(n, cfg.query_tokens)),
+        cfg.warmup, cfg.repeats, device, on_point))
 
     curves = _verify_curves(cfg, verify_keys, times)
     per_request, padded_slot_s = _per_request_costs(cfg, times)
@@ -232,9 +233,7 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                                   tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
                  for kind in drafters}
     else:
-        dense = dict(zip(verify.batch_tokens, verify.steps_per_s, strict=True))
-        blocks, notes = context_blocks(axes, attention_diffs, times, lambda n: 1.0 / dense[n], cfg.drafters,
-                                       cfg.num_requests, cfg.draft_tokens)
+        blocks, notes = context_blocks(axes, differences, times, cfg.drafters, cfg.num_requests, cfg.draft_tokens)
         draft = {}
         metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
         if graph_s:

@@ -15,8 +15,9 @@ the dense verify table at context 0, the points below and turns them into
 * ``prefill.chunk_attention.per_chunk_s[p][n]``: one request of an ``n``-token chunk over
   ``p`` computed prompt tokens, with the first drafter's context built from the chunk's
   target features (the serving loop does both for every prefilled token; the format has no
-  other place for the drafter's share), minus the dense table at ``n`` batch tokens (so the
-  chunk's causal attention within itself is in the table too).
+  other place for the drafter's share), minus the dense table's forward of ``n`` batch tokens
+  (so the chunk's causal attention within itself is in the table too), timed in rounds with
+  it like an attention difference.
 * ``prefill.table.latency_s[n]``: one request's whole prefill of ``n`` prompt tokens (a chunk of
   ``n`` over 0 computed tokens: the verifier forward and the first drafter's context of it),
   at the prompt lengths ``prefill_prompts``. Prefill is convex in the prompt (attention is
@@ -100,15 +101,24 @@ class ContextAxes:
                 + num_drafters * len(self.drafter_contexts) * num_requests * num_draft_tokens)
 
 
-def attention_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
-                    gen: torch.Generator) -> list[tuple[str, Prepare, Prepare]]:
-    """The attention table's differences, for :func:`~calibration.profiling.timing.time_differences`: (label, the
-    forward at context 0, the same at context C) for every C > 0 and q, in the order :func:`context_blocks` reads
-    them."""
+def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
+                     gen: torch.Generator, drafters: dict[str, Drafter],
+                     dense_layout: Callable[[int], list[int]]) -> list[tuple[str, Prepare, Prepare]]:
+    """The tables that are differences, for :func:`~calibration.profiling.timing.time_differences`, in the order
+    :func:`context_blocks` reads them: (label, base, point).
+
+    Attention: the forward of A requests of q tokens at context 0, then at context C, for every C > 0 and q. Chunk
+    attention: the dense table's forward of n batch tokens (requests laid out by ``dense_layout(n)``), then the
+    chunk of n tokens over P computed ones."""
     a = axes.attention_requests
-    return [(f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, 0),
-             verify_call(model, forward, device, gen, a * q, [q] * a, c))
-            for c in axes.contexts[1:] for q in axes.queries]
+    pairs = [(f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, 0),
+              verify_call(model, forward, device, gen, a * q, [q] * a, c))
+             for c in axes.contexts[1:] for q in axes.queries]
+    first = next(iter(drafters.values()), None)
+    pairs += [(f"chunk P={p} n={n}", verify_call(model, forward, device, gen, n, dense_layout(n), 0),
+               chunk_call(model, forward, first, device, gen, n, p))
+              for p in axes.chunk_contexts for n in axes.chunks]
+    return pairs
 
 
 def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
@@ -117,9 +127,6 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     """Every other timing point of the version-2 tables, in the order :func:`context_blocks` reads their times."""
     points: list[tuple[str, Prepare]] = []
     first = next(iter(drafters.values()), None)
-    for p in axes.chunk_contexts:
-        for n in axes.chunks:
-            points.append((f"chunk P={p} n={n}", chunk_call(model, forward, first, device, gen, n, p)))
     for n in axes.prefill_prompts:
         points.append((f"prefill n={n}", chunk_call(model, forward, first, device, gen, n, 0)))
     for kind, drafter in drafters.items():
@@ -130,21 +137,20 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     return points
 
 
-def context_blocks(axes: ContextAxes, attention_diffs: Iterator[float], times: Iterator[float],
-                   dense_s: Callable[[int], float], kinds: tuple[str, ...], num_requests: tuple[int, ...],
+def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Iterator[float], kinds: tuple[str, ...],
+                   num_requests: tuple[int, ...],
                    draft_tokens: tuple[int, ...]) -> tuple[Version2Blocks, dict[str, Any]]:
-    """The version-2 blocks from the differences of :func:`attention_pairs` and the times of
-    :func:`context_points` (same orders); ``dense_s(n)``: the dense table's seconds at n batch tokens, the base of
-    a chunk. Returns the blocks and their metadata."""
+    """The version-2 blocks from the differences of :func:`difference_pairs` and the times of
+    :func:`context_points` (same orders). Returns the blocks and their metadata."""
     a, clipped = axes.attention_requests, 0
     attention = [tuple(0.0 for _ in axes.queries)]  # context 0: the dense part, nothing added
     for _ in axes.contexts[1:]:
-        diffs = [next(attention_diffs) / a for _ in axes.queries]
+        diffs = [next(differences) / a for _ in axes.queries]
         clipped += sum(d < 0 for d in diffs)
         attention.append(tuple(max(d, 0.0) for d in diffs))
     chunk_rows = []
     for _ in axes.chunk_contexts:
-        diffs = [next(times) - dense_s(n) for n in axes.chunks]
+        diffs = [next(differences) for _ in axes.chunks]
         clipped += sum(d < 0 for d in diffs)
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
     prefill = tuple(next(times) for _ in axes.prefill_prompts)
@@ -162,8 +168,9 @@ def context_blocks(axes: ContextAxes, attention_diffs: Iterator[float], times: I
                                  f"{a}: the median of the differences of rounds in which the two run back to back; "
                                  "the verifier pads keys to the longest context in a batch (key_padding longest)"),
         "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens, with the "
-                                       f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - the verify "
-                                       "table at n batch tokens"),
+                                       f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - t(the "
+                                       "verify table's forward of n batch tokens): the median of the differences of "
+                                       "rounds in which the two run back to back"),
         "prefill_table_definition": ("t(one request's prefill of n prompt tokens: a verifier forward over 0 "
                                      f"computed tokens and the {kinds[0] if kinds else 'no'} drafter's context of "
                                      "it), the whole time (no table subtracted)"),
