@@ -117,7 +117,7 @@ def copy_tree(root: Path, target: Path) -> None:
 def run_tests(copy: Path) -> tuple[str, str, float]:
     """(passed | failed | error, first failing test or the tail of the output, seconds) of the lossless tests."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *TEST_FILES]
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *TEST_FILES]
     started = time.monotonic()
     try:
         done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -100,6 +100,7 @@ def test_grids_and_layout() -> None:
     assert split_tokens(19, 8) == [8, 8, 3]
 
 
+@pytest.mark.slow  # ~4 s: a subprocess that imports torch
 def test_help_documents_every_option() -> None:
     text = subprocess.run([sys.executable, "-m", "calibration.profile_gpu", "--help"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout

@@ -143,6 +143,7 @@ def test_search_finds_requests_that_peek_at_each_other():
     assert max_deviation(found, exact) < 1e-9  # a search over each request's own law alone cannot see it
 
 
+@pytest.mark.slow  # ~5 s: 60 exact checks of up to four requests
 @sized(60)
 @given(case=markov_cases(num_requests=st.integers(2, 4)))
 def test_a_peek_in_one_direction_is_lossless(case):

@@ -89,6 +89,7 @@ ZEROS = MarkovCase(
 )
 
 
+@pytest.mark.slow  # ~1.5 s each: sampled laws against the exact ones, a check of the sampler itself
 @pytest.mark.parametrize("case, policy, seed", [
     (APPENDIX_A, GlobalSync(), 11),                          # lossy: the law is (0.85, 0.15)
     (APPENDIX_A, Greedy(), 12),
@@ -128,6 +129,7 @@ def product_of_targets(case: MarkovCase) -> dict:
 DENSE = dense_world(301)  # global_sync misses the product of targets by ~0.12 in total variation here
 
 
+@pytest.mark.slow  # ~4 s each: a sampled chi-square test; the exact catalogue (test_lossless.py) stays in the quick run
 @pytest.mark.parametrize("policy, seed", [(Greedy(), 21), (DSpark(), 22)], ids=["greedy", "dspark"])
 def test_dense_world_follows_the_targets(policy, seed):
     law = product_of_targets(DENSE)
@@ -136,6 +138,7 @@ def test_dense_world_follows_the_targets(policy, seed):
     assert statistic < critical, f"chi-square {statistic:.1f} >= {critical:.1f}"
 
 
+@pytest.mark.slow  # ~4 s: the sampled counterpart of the catalogue's global_sync counterexample
 def test_dense_world_rejects_global_sync():
     law = product_of_targets(DENSE)
     num_samples = samples(law, DENSE_LEAK)

@@ -169,6 +169,7 @@ def test_the_latency_table_is_chosen_apart_from_the_preset(small_spec, default_p
     assert row["draft_s"] != pytest.approx(default_profile.draft_s("dspark", int(row["num_requests"]), 3))
 
 
+@pytest.mark.slow  # ~5 s: two subprocesses that fit presets
 def test_fits_are_kept_on_disk_across_processes(tmp_path):
     """A second process finds the first one's fit on disk: it neither fits again nor imports the root finder."""
     import os

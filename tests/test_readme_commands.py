@@ -4,7 +4,7 @@ Each fenced ``bash`` block is one test: its commands run in order in a fresh
 directory (a command may read what an earlier one in its block wrote: a
 profile, a sweep), shortened by the options below. Blocks that take minutes
 (sweeps, anything on torch) are marked ``slow`` and run with ``python -m pytest
--m slow``. A command the table below cannot shorten runs as written, and a
+-m slow -n 0``. A command the table below cannot shorten runs as written, and a
 placeholder it does not know fails the test: a new README command is checked
 from the day it is written.
 """

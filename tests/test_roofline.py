@@ -166,6 +166,7 @@ BF16 = Precision()
 V2_BUILTINS = ["h200_qwen3-8b_v2_analytic", "h100_qwen3-8b_v2_analytic", "h200_v4flash-like_v2_analytic"]
 
 
+@pytest.mark.slow  # ~1.5 s each: every table of a shipped version-2 profile rebuilt
 @pytest.mark.parametrize("name", V2_BUILTINS)
 def test_builtin_v2_profiles_are_reproduced_byte_for_byte(name: str, tmp_path) -> None:
     shipped = Path(load_profile(name).path)

@@ -79,6 +79,7 @@ def test_position_weights_and_losses_at_a_perfect_drafter():
     assert float(worse.tv) > 0.5 and float(worse.conf) > float(perfect.conf)
 
 
+@pytest.mark.slow  # ~6 s: the training corpora built in full
 def test_corpora_are_ascii_seeded_and_split():
     assert encode("naïve") .tolist() == [ord(c) for c in "na??ve"]  # the two UTF-8 bytes of i-diaeresis
     assert decode(encode("x = 1\n")) == "x = 1\n"

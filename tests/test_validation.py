@@ -101,6 +101,7 @@ def fixed_prompts(domain: str, num_tokens: int, rng: np.random.Generator) -> lis
     return list(PROMPTS[domain])
 
 
+@pytest.mark.slow  # ~9 s each: hundreds of requests through the real loop for a chi-square test
 @pytest.mark.parametrize("policy, prefill, budget", [
     (Greedy(), "colocated", None),  # synchronous, early stop on a falling SPS curve
     # stale capacity + EMA rows that must follow requests across slots
