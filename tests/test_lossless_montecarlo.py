@@ -89,7 +89,6 @@ ZEROS = MarkovCase(
 )
 
 
-@pytest.mark.slow  # ~1.5 s each: sampled laws against the exact ones, a check of the sampler itself
 @pytest.mark.parametrize("case, policy, seed", [
     (APPENDIX_A, GlobalSync(), 11),                          # lossy: the law is (0.85, 0.15)
     (APPENDIX_A, Greedy(), 12),
