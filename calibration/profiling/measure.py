@@ -218,9 +218,6 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     else:
         points += context_points(axes, model, forward, device, gen, drafters, cfg.num_requests, cfg.draft_tokens)
     times = iter(time_points(points, cfg.warmup, cfg.repeats, cfg.interleave, device, on_point))
-    differences = iter(() if axes is None else time_differences(
-        difference_pairs(axes, model, forward, device, gen, drafters, lambda n: split_tokens(n, cfg.query_tokens)),
-        cfg.warmup, cfg.repeats, device, on_point))
 
     curves = _verify_curves(cfg, verify_keys, times)
     per_request, padded_slot_s = _per_request_costs(cfg, times)
@@ -233,7 +230,11 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                                   tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
                  for kind in drafters}
     else:
-        blocks, notes = context_blocks(axes, differences, times, cfg.drafters, cfg.num_requests, cfg.draft_tokens)
+        differences = time_differences(difference_pairs(axes, model, forward, device, gen, drafters,
+                                                        lambda n: split_tokens(n, cfg.query_tokens)),
+                                       cfg.warmup, cfg.repeats, device, on_point)
+        blocks, notes = context_blocks(axes, iter(differences), times, cfg.drafters, cfg.num_requests,
+                                       cfg.draft_tokens)
         draft = {}
         metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
         if graph_s:
