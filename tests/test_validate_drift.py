@@ -16,7 +16,7 @@ from calibration.profiling.policy_steps import fit_excess
 from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.clock import LoopClock
 from calibration.validation.agreement import main as agreement_main
-from calibration.validation.points import drift_weight
+from calibration.validation.points import drift_weight, round_progress, slice_drifts
 from calibration.validation.report import (
     kept_slices,
     machine_verdict,
@@ -24,6 +24,8 @@ from calibration.validation.report import (
     sampling_se,
     slice_intervals,
 )
+from calibration.validation.setup import ValidationConfig
+from calibration.validation.validate import PROBE_COLUMNS
 from policies.base import CostCurve, StepView
 from simulator.costs import load_profile
 
@@ -170,3 +172,26 @@ def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_belo
     assert kept_slices(np.array([0.2, 0.05]), 0.1) == ([1], False)  # one of two: half kept
     assert kept_slices(np.array([0.2, -0.3]), 0.1) == ([], True)
     assert kept_slices(np.array([0.2, -0.3]), 10.0) == ([0, 1], False)
+
+
+def _probes(pass_s: list[float], slice_s: list[float]) -> pd.DataFrame:
+    """A probe log: profile passes, then slices, each timed the same before and after."""
+    rows = [(k, "profile", "", 0, t, t, float("nan"), float("nan"), 0) for k, t in enumerate(pass_s)]
+    rows += [(0, "slice", "mtp1", k + 1, t, t, float("nan"), float("nan"), 0) for k, t in enumerate(slice_s)]
+    return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
+
+
+def test_each_round_says_how_many_slices_drifted_so_far_and_warns_when_the_run_is_heading_for_unsteady() -> None:
+    """Passes at 10 and 12 ms (median 11): a slice at 11.55 ms drifted +5%, one at 13.2 ms +20%. One of ten
+    beyond 10% is the verdict's limit itself (no warning); two of ten exceed it and the line says the run is
+    heading for MACHINE NOT STEADY."""
+    assert slice_drifts(np.array([11.0, 13.0]), np.array([11.0, 13.4]), np.array([10.0, 12.0, 30.0])) == \
+        pytest.approx([11.0 / 12.0 - 1, 13.2 / 12.0 - 1])
+    steady = round_progress(_probes([10.0, 12.0], [11.55] * 9 + [13.2]), ValidationConfig(rounds=5), 1)
+    assert steady.startswith("round 1/5: 1 of 10 slices so far beyond +-10%") and "(drift +5% .. +20%)" in steady
+    assert "MACHINE NOT STEADY" not in steady
+    unsteady = round_progress(_probes([10.0, 12.0], [11.55] * 8 + [13.2, 8.8]), ValidationConfig(rounds=5), 2)
+    assert unsteady.startswith("round 2/5: 2 of 10 slices so far") and "(drift -20% .. +20%)" in unsteady
+    assert "MACHINE NOT STEADY" in unsteady
+    assert "0 of 1 slices" in round_progress(_probes([10.0], [10.5]), ValidationConfig(rounds=1), 1)
+    assert round_progress(_probes([10.0], []), ValidationConfig(rounds=1), 1) == "round 1/1: no slice served yet"

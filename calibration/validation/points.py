@@ -10,6 +10,7 @@ import pandas as pd
 
 from calibration.profiling.step_prices import step_cost_ratio
 from calibration.validation.report import (
+    STEADY_MAX_REFUSED_SHARE,
     TARGET_METRICS,
     kept_slices,
     mean_context_tokens,
@@ -59,6 +60,31 @@ def drift_readings(probes: pd.DataFrame, measure: str) -> tuple[np.ndarray, np.n
         return mean_s - se_s, mean_s + se_s, passes["meter_s"].to_numpy()
     return (slices["before_s"].to_numpy(), slices["after_s"].to_numpy(),
             0.5 * (passes["before_s"] + passes["after_s"]).to_numpy())
+
+
+def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) -> np.ndarray:
+    """Each slice's drift: the mean of its two readings against the median of the profile passes' readings."""
+    return 0.5 * (np.asarray(before_s) + np.asarray(after_s)) / np.median(pass_s) - 1
+
+
+def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> str:
+    """A progress line after a round of a validation: how many of the slices served so far drifted beyond
+    ``cfg.drift_tolerance`` from the profile passes so far (the final verdict uses every pass, so this is
+    provisional), and, when that share already exceeds :data:`STEADY_MAX_REFUSED_SHARE`, that the run is heading
+    for a ``MACHINE NOT STEADY`` report: on such a machine the user can stop early instead of waiting for a table
+    of spoiled points."""
+    before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
+    if not before_s.size or not pass_s.size:
+        return f"round {rounds_done}/{cfg.rounds}: no slice served yet"
+    drifts, tolerance = slice_drifts(before_s, after_s, pass_s), cfg.drift_tolerance
+    beyond = int(np.sum(np.abs(drifts) > tolerance))
+    text = (f"round {rounds_done}/{cfg.rounds}: {beyond} of {drifts.size} slices so far beyond "
+            f"+-{100 * tolerance:g}% of the profile passes' speed "
+            f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
+    if beyond > STEADY_MAX_REFUSED_SHARE * drifts.size:
+        text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
+                 "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
+    return text
 
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],

@@ -43,7 +43,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -54,7 +53,7 @@ from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.specdec import ContextCost
 from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
-from calibration.validation.points import drift_readings, drift_weight, point_result
+from calibration.validation.points import drift_readings, drift_weight, point_result, round_progress, slice_drifts
 from calibration.validation.report import (
     frontier_figure,
     machine_verdict,
@@ -137,12 +136,12 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
         before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
-        slice_drifts = 0.5 * (before_s + after_s) / np.median(pass_s) - 1  # its reading against the passes' median
+        drifts = slice_drifts(before_s, after_s, pass_s)  # each slice's reading against the passes' median
         slice_probes = probes[probes["phase"] == "slice"]  # logged round by round: each point's in round order
-        weight = drift_weight(slice_drifts, before_s, after_s, pass_s)
+        weight = drift_weight(drifts, before_s, after_s, pass_s)
         for point in points:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
-            drift = slice_drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
+            drift = drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
                                  .to_numpy()]
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
@@ -227,6 +226,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                                cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
             reals[(name, users)].append(measured(("slice", name, users, round_idx),
                                                  partial(serve, spec, serving_models)))
+        progress(round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)), cfg, round_idx + 1))
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], reals
 
