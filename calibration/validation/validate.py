@@ -142,7 +142,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         for point in points:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
-                                 .to_numpy()]
+                           .to_numpy()]
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
