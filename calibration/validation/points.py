@@ -18,6 +18,7 @@ from calibration.validation.report import (
     pooled_summary,
     sampling_se,
     slice_intervals,
+    too_many_refused,
 )
 from calibration.validation.setup import ValidationConfig
 from policies import make_policy
@@ -76,12 +77,12 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
     if not before_s.size or not pass_s.size:
         return f"round {rounds_done}/{cfg.rounds}: no slice served yet"
-    drifts, tolerance = slice_drifts(before_s, after_s, pass_s), cfg.drift_tolerance
-    beyond = int(np.sum(np.abs(drifts) > tolerance))
+    drifts = slice_drifts(before_s, after_s, pass_s)
+    beyond = drifts.size - len(kept_slices(drifts, cfg.drift_tolerance)[0])
     text = (f"round {rounds_done}/{cfg.rounds}: {beyond} of {drifts.size} slices so far beyond "
-            f"+-{100 * tolerance:g}% of the profile passes' speed "
+            f"+-{100 * cfg.drift_tolerance:g}% of the profile passes' speed "
             f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
-    if beyond > STEADY_MAX_REFUSED_SHARE * drifts.size:
+    if too_many_refused(beyond, drifts.size):
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
     return text

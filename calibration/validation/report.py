@@ -197,6 +197,11 @@ def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
 STEADY_MAX_REFUSED_SHARE = 0.10
 
 
+def too_many_refused(refused: int, slices: int) -> bool:
+    """Whether refusing ``refused`` of ``slices`` slices for drift makes a run unsteady."""
+    return refused > STEADY_MAX_REFUSED_SHARE * slices
+
+
 def machine_verdict(table: pd.DataFrame) -> str | None:
     """One line saying the machine was not steady enough for the run's errors to mean much: more than
     :data:`STEADY_MAX_REFUSED_SHARE` of the slices refused for drift, or a point spoiled. None when steady, or
@@ -206,7 +211,7 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
     slices = int(table["slices"].sum())
     refused = slices - int(table["slices_kept"].sum())
     spoiled = int(table["spoiled"].astype(bool).sum())
-    if refused <= STEADY_MAX_REFUSED_SHARE * slices and not spoiled:
+    if not too_many_refused(refused, slices) and not spoiled:
         return None
     return (f"MACHINE NOT STEADY: {refused} of {slices} slices refused for drift (more than "
             f"{100 * STEADY_MAX_REFUSED_SHARE:g}% is unsteady)" + (f", {spoiled} point(s) spoiled" if spoiled else "")
