@@ -176,18 +176,25 @@ def mean_abs_errors(table: pd.DataFrame) -> dict[str, float]:
     return {name: float(table[f"{name}_err"].abs().mean()) for name in TARGET_METRICS}
 
 
-def refusal_note(table: pd.DataFrame, tolerance: float) -> str:
-    """How many slices drift refused and which points it spoiled (empty without drift screening)."""
+DRIFT_MEASURES = {"probe": "reference probe", "meter": "speed meter"}  # --drift-measure -> what the report calls it
+
+
+def drift_note(table: pd.DataFrame, tolerance: float, measure: str = "probe") -> str:
+    """How many slices drift refused, which points it spoiled and how much of the drift the errors are corrected
+    for (empty without drift screening); ``measure``: the drift measure read (a key of :data:`DRIFT_MEASURES`)."""
     if "slices_kept" not in table:
         return ""
     spoiled = table[table["spoiled"]]
     refused = int((table["slices"] - table["slices_kept"]).sum())
-    text = (f"; {refused} of {int(table['slices'].sum())} slices refused (reference probe beyond +-{100 * tolerance:g}%"
-            f" of profiling's)")
+    text = (f"; {refused} of {int(table['slices'].sum())} slices refused ({DRIFT_MEASURES[measure]} beyond "
+            f"+-{100 * tolerance:g}% of profiling's)")
     if len(spoiled):
         text += "; not reported (spoiled by drift): " + ", ".join(f"{p} x{u}" for p, u in
                                                                    zip(spoiled["policy"], spoiled["num_users"],
                                                                        strict=True))
+    if "drift_weight" in table and len(table):
+        text += (f"; drift correction weight {table['drift_weight'].iloc[0]:.2f} (1 - the {DRIFT_MEASURES[measure]}'s "
+                 "own noise over the drifts' mean square)")
     return text
 
 

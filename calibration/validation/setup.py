@@ -184,9 +184,10 @@ def build_models(cfg: ValidationConfig) -> Models:
 
 
 def profile_config(cfg: ValidationConfig) -> ProfileConfig:
-    """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users; contexts 0 and typical
+    """Grids that cover the sweep: B up to max users x (1 + gamma), R up to max users (>= 2); contexts 0 and typical
     (version 1), or a context axis from 0 to the longest prompt + output (version 2)."""
-    max_users = max(cfg.users)
+    # R up to at least 2, even for one user: the decisions' cost is a line over R x g, and mtp drafts g = 1 only
+    max_users = max(*cfg.users, 2)
     max_batch = max(max_users * (1 + cfg.gamma), cfg.token_budget or 0)
     requests = sorted({r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max_users} | {max_users})
     contexts: tuple[int, ...] = (0, cfg.context_tokens)

@@ -55,11 +55,11 @@ from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.points import drift_readings, drift_weight, point_result, round_progress, slice_drifts
 from calibration.validation.report import (
+    drift_note,
     frontier_figure,
     machine_verdict,
     markdown_table,
     mean_abs_errors,
-    refusal_note,
     sampling_note,
     slice_records,
     worst_errors,
@@ -301,9 +301,7 @@ def report_text(result: Validation) -> str:
         "worst |relative error|: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items())
         + "; mean |relative error|: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
-        + refusal_note(result.table, cfg.drift_tolerance)
-        + (f"; drift correction weight {result.table['drift_weight'].iloc[0]:.2f} (1 - the reference probe's own "
-           "noise over the drifts' mean square)" if "drift_weight" in result.table and len(result.table) else ""),
+        + drift_note(result.table, cfg.drift_tolerance, cfg.drift_measure),
         sampling_note(result.table),
     ]
     verdict = machine_verdict(result.table)
