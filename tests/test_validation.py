@@ -63,10 +63,10 @@ METRICS = ("throughput", "tpu_mean")
 
 def misses(table: pd.DataFrame) -> pd.DataFrame:
     """Each point's |error| and bound (ERROR_TARGET + NOISE_MARGIN + |machine drift|) per metric, indexed by
-    (policy, users)."""
+    (policy, num_users)."""
     allowed = ERROR_TARGET + NOISE_MARGIN + table["machine_drift"].abs()
     columns = {f"{m}_err": table[f"{m}_err"].abs() for m in METRICS} | {"allowed": allowed}
-    return pd.DataFrame(columns).set_index(pd.MultiIndex.from_frame(table[["policy", "users"]]))
+    return pd.DataFrame(columns).set_index(pd.MultiIndex.from_frame(table[["policy", "num_users"]]))
 
 
 def within_bound(errors: pd.DataFrame) -> bool:
