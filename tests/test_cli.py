@@ -11,7 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from experiments.config import ConfigError, build_spec
+from experiments.report import format_summary
 from experiments.run import run
+from simulator import LossyPolicyWarning
 from traces.load import TraceReplayWarning
 
 CONF = Path(__file__).resolve().parents[1] / "experiments" / "conf"
@@ -131,19 +133,13 @@ def test_cli_end_to_end(tmp_path):
     assert summary["policy"] == "dspark" and summary["profile_source"] == "analytic"
 
 
-def test_simulation_path_does_not_import_torch():
-    # torch is the calibration extra: `pip install -e .` does not install it.
-    proc = subprocess.run([sys.executable, "-c", "import experiments.run, sys; print('torch' in sys.modules)"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.stdout.strip() == "False", proc.stderr
-
-
 def test_cli_lossy_policy_is_flagged(tmp_path):
-    repo = Path(__file__).resolve().parents[1]
-    proc = _cli("policy=global_sync", "duration_s=2", "warmup_s=0", "progress=false", "write_tables=false",
-                f"hydra.run.dir={tmp_path}", cwd=repo)
-    assert proc.returncode == 0, proc.stderr
-    assert "LOSSY" in proc.stdout and "LOSSY" in proc.stderr
+    # in this process (the command's own run; test_cli_end_to_end starts a fresh interpreter): a warning on
+    # stderr as the run starts and a mark on the summary the command prints
+    cfg = compose_cfg("policy=global_sync", "duration_s=2", "warmup_s=0", "progress=false", "write_tables=false")
+    with pytest.warns(LossyPolicyWarning, match="global_sync is LOSSY"):
+        summary = run(cfg, tmp_path).summary
+    assert "LOSSY" in format_summary(summary)
 
 
 def test_drafter_log_replays_an_acceptance_log(tmp_path):
