@@ -18,6 +18,7 @@ from calibration.serving.clock import LoopClock
 from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import drift_weight, round_progress, slice_drifts
 from calibration.validation.report import (
+    drift_note,
     kept_slices,
     machine_verdict,
     sampling_note,
@@ -150,6 +151,15 @@ def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(
     agreement_main([str(steady), str(unsteady)])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines if "MACHINE NOT STEADY" in line] == [f"run2 ({unsteady})"]
+
+
+def test_the_drift_note_names_the_measure_the_run_read() -> None:
+    points = _points([5, 2]).assign(drift_weight=0.81)
+    probe, meter = drift_note(points, 0.1, "probe"), drift_note(points, 0.1, "meter")
+    assert probe.startswith("; 3 of 10 slices refused (reference probe beyond +-10% of profiling's)")
+    assert "not reported (spoiled by drift): mtp1 x2" in probe and "weight 0.81 (1 - the reference probe's" in probe
+    assert "(speed meter beyond +-10%" in meter and "the speed meter's own noise" in meter and "probe" not in meter
+    assert drift_note(points.drop(columns="slices_kept"), 0.1, "meter") == ""  # no drift screening
 
 
 def test_sampling_se_is_one_draws_spread_plus_the_mean_of_the_draws() -> None:
