@@ -197,11 +197,13 @@ def test_each_round_says_how_many_slices_drifted_so_far_and_warns_when_the_run_i
     heading for MACHINE NOT STEADY."""
     assert slice_drifts(np.array([11.0, 13.0]), np.array([11.0, 13.4]), np.array([10.0, 12.0, 30.0])) == \
         pytest.approx([11.0 / 12.0 - 1, 13.2 / 12.0 - 1])
-    steady = round_progress(_probes([10.0, 12.0], [11.55] * 9 + [13.2]), ValidationConfig(rounds=5), 1)
+    steady, heading = round_progress(_probes([10.0, 12.0], [11.55] * 9 + [13.2]), ValidationConfig(rounds=5), 1)
     assert steady.startswith("round 1/5: 1 of 10 slices so far beyond +-10%") and "(drift +5% .. +20%)" in steady
-    assert "MACHINE NOT STEADY" not in steady
-    unsteady = round_progress(_probes([10.0, 12.0], [11.55] * 8 + [13.2, 8.8]), ValidationConfig(rounds=5), 2)
+    assert "MACHINE NOT STEADY" not in steady and not heading
+    unsteady, heading = round_progress(_probes([10.0, 12.0], [11.55] * 8 + [13.2, 8.8]), ValidationConfig(rounds=5),
+                                       2)
     assert unsteady.startswith("round 2/5: 2 of 10 slices so far") and "(drift -20% .. +20%)" in unsteady
-    assert "MACHINE NOT STEADY" in unsteady
-    assert "0 of 1 slices" in round_progress(_probes([10.0], [10.5]), ValidationConfig(rounds=1), 1)
-    assert round_progress(_probes([10.0], []), ValidationConfig(rounds=1), 1) == "round 1/1: no slice served yet"
+    assert "MACHINE NOT STEADY" in unsteady and heading  # what --stop-when-unsteady stops on
+    assert "0 of 1 slices" in round_progress(_probes([10.0], [10.5]), ValidationConfig(rounds=1), 1)[0]
+    assert round_progress(_probes([10.0], []), ValidationConfig(rounds=1), 1) == ("round 1/1: no slice served yet",
+                                                                                   False)

@@ -365,6 +365,20 @@ def test_long_prompts_are_prefilled_in_groups_that_bound_the_padded_attention() 
     assert prefill_groups([1000] * 40) == [list(range(16)), list(range(16, 32)), list(range(32, 40))]
 
 
+@pytest.mark.slow  # ~30 s: acceptance logs, a profile pass and a round of real slices
+def test_stop_when_unsteady_ends_the_run_after_the_round_with_exit_code_3(tmp_path, capsys) -> None:
+    """A drift tolerance no slice can meet (1e-9): the first round's one slice is beyond it, so the run stops
+    there with one line naming the option, and writes no report."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--models", "random", "--users", "1", "--policies", "mtp1", "--duration-s", "2", "--rounds", "2",
+              "--warmup-s", "0.3", "--profile-repeats", "1", "--log-requests", "4", "--drift-tolerance", "1e-9",
+              "--stop-when-unsteady", "--out", str(tmp_path / "out")])
+    assert stopped.value.code == 3
+    error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "stopped after round 1/2 (--stop-when-unsteady): round 1/2: 1 of 1 slices" in error[0]
+    assert "MACHINE NOT STEADY" in error[0] and not (tmp_path / "out" / "validation.md").exists()
+
+
 def test_a_single_user_sweep_profiles_two_batch_sizes_for_the_decisions_line() -> None:
     """mtp drafts one token, so its decisions' line over R x g needs two R: one user once stopped in profiling."""
     cfg, _ = parse_args(["--users", "1", "--policies", "mtp1"])

@@ -68,24 +68,25 @@ def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) 
     return 0.5 * (np.asarray(before_s) + np.asarray(after_s)) / np.median(pass_s) - 1
 
 
-def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> str:
-    """A progress line after a round of a validation: how many of the slices served so far drifted beyond
-    ``cfg.drift_tolerance`` from the profile passes so far (the final verdict uses every pass, so this is
-    provisional), and, when that share already exceeds :data:`STEADY_MAX_REFUSED_SHARE`, that the run is heading
-    for a ``MACHINE NOT STEADY`` report: on such a machine the user can stop early instead of waiting for a table
-    of spoiled points."""
+def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> tuple[str, bool]:
+    """A progress line after a round of a validation, and whether the run is heading for a ``MACHINE NOT STEADY``
+    report: how many of the slices served so far drifted beyond ``cfg.drift_tolerance`` from the profile passes so
+    far (the final verdict uses every pass, so this is provisional), and, when that share already exceeds
+    :data:`STEADY_MAX_REFUSED_SHARE`, that the user can stop early instead of waiting for a table of spoiled
+    points (``cfg.stop_when_unsteady`` stops the run there)."""
     before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
     if not before_s.size or not pass_s.size:
-        return f"round {rounds_done}/{cfg.rounds}: no slice served yet"
+        return f"round {rounds_done}/{cfg.rounds}: no slice served yet", False
     drifts = slice_drifts(before_s, after_s, pass_s)
     beyond = drifts.size - len(kept_slices(drifts, cfg.drift_tolerance)[0])
     text = (f"round {rounds_done}/{cfg.rounds}: {beyond} of {drifts.size} slices so far beyond "
             f"+-{100 * cfg.drift_tolerance:g}% of the profile passes' speed "
             f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
-    if too_many_refused(beyond, drifts.size):
+    unsteady = too_many_refused(beyond, drifts.size)
+    if unsteady:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
-    return text
+    return text, unsteady
 
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],

@@ -176,6 +176,10 @@ def mean_abs_errors(table: pd.DataFrame) -> dict[str, float]:
     return {name: float(table[f"{name}_err"].abs().mean()) for name in TARGET_METRICS}
 
 
+class MachineNotSteady(RuntimeError):
+    """A validation stopped early (``--stop-when-unsteady``): its slices so far drifted too much to report."""
+
+
 DRIFT_MEASURES = {"probe": "reference probe", "meter": "speed meter"}  # --drift-measure -> what the report calls it
 
 

@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,8 +33,10 @@ from calibration.profiling.loop_costs import with_loop_costs
 from calibration.profiling.measure import ProfileConfig, batch_grid, measure
 from calibration.profiling.measure_context import ContextAxes
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
+from calibration.serving.specdec import ContextCost
 from calibration.training.corpora import corpus_prompts
 from policies import make_policy
+from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.acceptance.presets import PRESETS
 from simulator.costs import HardwareProfile, load_profile, profile_from_dict
@@ -79,6 +82,7 @@ class ValidationConfig:
     # what measures the drift: "probe" (speed_reference, timed before and after each pass and slice) or "meter"
     # (the canary timed before every serving step, the passes' loop probes and the slices: serving.speed_meter)
     drift_measure: str = "probe"
+    stop_when_unsteady: bool = False  # stop after a round whose slices so far would make the report not steady
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4
@@ -381,3 +385,11 @@ def simulation_spec(cfg: ValidationConfig, point: tuple[str, int],
     return SimulationSpec(policy=policy, profile=sim_profile, drafter=drafter_spec, cluster=cluster,
                           traffic=cfg.traffic(users), duration_s=cfg.slice_duration_s, warmup_s=cfg.warmup_s,
                           seed=cfg.seed + round_idx, policy_profile=pricing)
+
+
+def loop_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
+    """What the real loop's policy prices a step with: the profile's step cost, with the requests' contexts when
+    the profile prices context (as the simulator's engine does)."""
+    if profile.uses_context(drafter):
+        return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
+    return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)

@@ -50,11 +50,11 @@ from calibration.profiling.measure import device_name
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
-from calibration.serving.specdec import ContextCost
 from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.points import drift_readings, drift_weight, point_result, round_progress, slice_drifts
 from calibration.validation.report import (
+    MachineNotSteady,
     drift_note,
     frontier_figure,
     machine_verdict,
@@ -68,6 +68,7 @@ from calibration.validation.setup import (
     Models,
     ValidationConfig,
     build_models,
+    loop_pricing,
     measure_profile,
     median_profile,
     record_log,
@@ -78,7 +79,6 @@ from calibration.validation.setup import (
     speed_reference,
 )
 from policies import make_policy
-from policies.driver import CostSource
 from simulator.acceptance.logs import read_log, write_log
 from simulator.cluster import Cluster
 from simulator.costs import HardwareProfile
@@ -220,23 +220,18 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                      f"({cfg.slice_duration_s:g} s)")
             policy = make_policy(name)
             serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
-                                           _pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
+                                           loop_pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
                                            models.description)
             spec = ServingSpec(policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s,
                                cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
             reals[(name, users)].append(measured(("slice", name, users, round_idx),
                                                  partial(serve, spec, serving_models)))
-        progress(round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)), cfg, round_idx + 1))
+        line, unsteady = round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)), cfg, round_idx + 1)
+        progress(line)
+        if unsteady and cfg.stop_when_unsteady:
+            raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}")
     profile = passes[0] if len(passes) == 1 else median_profile(passes)
     return profile, passes[0], reals
-
-
-def _pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:
-    """What the real loop's policy prices a step with: the profile's step cost, with the requests' contexts when
-    the profile prices context (as the simulator's engine does)."""
-    if profile.uses_context(drafter):
-        return ContextCost(lambda r, contexts: profile.step_cost_curve(drafter, r, draft_tokens, contexts))
-    return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
@@ -369,6 +364,8 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="the machine's drift from: probe (timed before and after each profile pass and slice) or "
                         "meter (a small canary timed before every serving step - the passes' loop probes, the real "
                         "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
+    p.add_argument("--stop-when-unsteady", action="store_true",
+                   help="stop (exit code 3) after a round whose drifted slices make the report MACHINE NOT STEADY")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
@@ -386,7 +383,11 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
 
 def main(argv: list[str] | None = None) -> Validation:
     cfg, out = parse_args(argv)
-    result = run_validation(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        result = run_validation(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except MachineNotSteady as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(3) from None
     paths = write_outputs(result, out)
     print(report_text(result))
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
