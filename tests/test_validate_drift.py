@@ -184,26 +184,35 @@ def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_belo
     assert kept_slices(np.array([0.2, -0.3]), 10.0) == ([0, 1], False)
 
 
-def _probes(pass_s: list[float], slice_s: list[float]) -> pd.DataFrame:
-    """A probe log: profile passes, then slices, each timed the same before and after."""
+def _probes(pass_s: list[float], slice_s: list[float], users: list[int] | None = None) -> pd.DataFrame:
+    """A probe log: profile passes, then slices (of mtp1 at ``users``, default one point each), each timed the same
+    before and after."""
+    users = users if users is not None else list(range(1, len(slice_s) + 1))
     rows = [(k, "profile", "", 0, t, t, float("nan"), float("nan"), 0) for k, t in enumerate(pass_s)]
-    rows += [(0, "slice", "mtp1", k + 1, t, t, float("nan"), float("nan"), 0) for k, t in enumerate(slice_s)]
+    rows += [(0, "slice", "mtp1", u, t, t, float("nan"), float("nan"), 0) for u, t in zip(users, slice_s, strict=True)]
     return pd.DataFrame(rows, columns=list(PROBE_COLUMNS))
 
 
 def test_each_round_says_how_many_slices_drifted_so_far_and_warns_when_the_run_is_heading_for_unsteady() -> None:
     """Passes at 10 and 12 ms (median 11): a slice at 11.55 ms drifted +5%, one at 13.2 ms +20%. One of ten
     beyond 10% is the verdict's limit itself (no warning); two of ten exceed it and the line says the run is
-    heading for MACHINE NOT STEADY."""
+    heading for MACHINE NOT STEADY; the verdict is decided once the whole run's share or a point's half is lost."""
     assert slice_drifts(np.array([11.0, 13.0]), np.array([11.0, 13.4]), np.array([10.0, 12.0, 30.0])) == \
         pytest.approx([11.0 / 12.0 - 1, 13.2 / 12.0 - 1])
-    steady, heading = round_progress(_probes([10.0, 12.0], [11.55] * 9 + [13.2]), ValidationConfig(rounds=5), 1)
+    steady, decided = round_progress(_probes([10.0, 12.0], [11.55] * 9 + [13.2]), ValidationConfig(rounds=5), 1)
     assert steady.startswith("round 1/5: 1 of 10 slices so far beyond +-10%") and "(drift +5% .. +20%)" in steady
-    assert "MACHINE NOT STEADY" not in steady and not heading
-    unsteady, heading = round_progress(_probes([10.0, 12.0], [11.55] * 8 + [13.2, 8.8]), ValidationConfig(rounds=5),
-                                       2)
-    assert unsteady.startswith("round 2/5: 2 of 10 slices so far") and "(drift -20% .. +20%)" in unsteady
-    assert "MACHINE NOT STEADY" in unsteady and heading  # what --stop-when-unsteady stops on
+    assert "MACHINE NOT STEADY" not in steady and not decided
+    # 2 of 10 so far: heading for the verdict, not yet decided (2 of the run's 25 slices, no point half refused)
+    heading, decided = round_progress(_probes([10.0, 12.0], [11.55] * 8 + [13.2, 8.8]), ValidationConfig(rounds=5), 2)
+    assert heading.startswith("round 2/5: 2 of 10 slices so far") and "(drift -20% .. +20%)" in heading
+    assert "MACHINE NOT STEADY" in heading and "already decided" not in heading and not decided
+    # decided, what --stop-when-unsteady stops on: 1 of the run's 4 slices refused already exceeds 10% ...
+    line, decided = round_progress(_probes([10.0, 12.0], [11.55, 13.2]), ValidationConfig(rounds=2), 1)
+    assert decided and line.endswith("(already decided: 1 of the run's 4 slices refused)")
+    # ... or a point has lost 3 of its 5 slices (3 of the run's 30 slices is 10%, not more)
+    line, decided = round_progress(_probes([10.0, 12.0], [13.2] * 3 + [11.55] * 15, [1, 1, 1] + [2, 3, 4, 5, 6] * 3),
+                                   ValidationConfig(rounds=5), 3)
+    assert decided and "3 of the run's 30 slices refused, a point left with fewer than half its slices" in line
     assert "0 of 1 slices" in round_progress(_probes([10.0], [10.5]), ValidationConfig(rounds=1), 1)[0]
     assert round_progress(_probes([10.0], []), ValidationConfig(rounds=1), 1) == ("round 1/1: no slice served yet",
                                                                                    False)

@@ -69,24 +69,35 @@ def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) 
 
 
 def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> tuple[str, bool]:
-    """A progress line after a round of a validation, and whether the run is heading for a ``MACHINE NOT STEADY``
-    report: how many of the slices served so far drifted beyond ``cfg.drift_tolerance`` from the profile passes so
-    far (the final verdict uses every pass, so this is provisional), and, when that share already exceeds
-    :data:`STEADY_MAX_REFUSED_SHARE`, that the user can stop early instead of waiting for a table of spoiled
-    points (``cfg.stop_when_unsteady`` stops the run there)."""
+    """A progress line after a round of a validation, and whether the slices so far already decide a ``MACHINE
+    NOT STEADY`` report. The line says how many of the slices served so far drifted beyond ``cfg.drift_tolerance``
+    from the profile passes so far (provisional: the final screening measures against every pass), and, once
+    that share exceeds :data:`STEADY_MAX_REFUSED_SHARE`, that the run is heading for the verdict, so that the user
+    can stop early instead of waiting for a table of spoiled points. The verdict is decided when the refused
+    slices already exceed that share of the whole run's slices (every point serves one slice a round), or a point
+    has already lost more than half of its ``cfg.rounds`` slices; ``cfg.stop_when_unsteady`` stops the run then."""
     before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
     if not before_s.size or not pass_s.size:
         return f"round {rounds_done}/{cfg.rounds}: no slice served yet", False
     drifts = slice_drifts(before_s, after_s, pass_s)
-    beyond = drifts.size - len(kept_slices(drifts, cfg.drift_tolerance)[0])
+    kept, _ = kept_slices(drifts, cfg.drift_tolerance)
+    beyond = drifts.size - len(kept)
     text = (f"round {rounds_done}/{cfg.rounds}: {beyond} of {drifts.size} slices so far beyond "
             f"+-{100 * cfg.drift_tolerance:g}% of the profile passes' speed "
             f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
-    unsteady = too_many_refused(beyond, drifts.size)
-    if unsteady:
+    slices = probes[probes["phase"] == "slice"].assign(refused=True)
+    slices.iloc[kept, slices.columns.get_loc("refused")] = False
+    most_refused = int(slices.groupby(["policy", "num_users"])["refused"].sum().max())
+    whole_run = drifts.size // rounds_done * cfg.rounds
+    decided = too_many_refused(beyond, whole_run) or 2 * (cfg.rounds - most_refused) < cfg.rounds
+    if too_many_refused(beyond, drifts.size) or decided:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
-    return text, unsteady
+    if decided:
+        text += (f" (already decided: {beyond} of the run's {whole_run} slices refused"
+                 + (", a point left with fewer than half its slices" if 2 * (cfg.rounds - most_refused) < cfg.rounds
+                    else "") + ")")
+    return text, decided
 
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],
