@@ -89,14 +89,14 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     slices.iloc[kept, slices.columns.get_loc("refused")] = False
     most_refused = int(slices.groupby(["policy", "num_users"])["refused"].sum().max())
     whole_run = drifts.size // rounds_done * cfg.rounds
-    decided = too_many_refused(beyond, whole_run) or 2 * (cfg.rounds - most_refused) < cfg.rounds
+    point_lost = 2 * (cfg.rounds - most_refused) < cfg.rounds  # kept_slices' spoiled rule, every later slice kept
+    decided = too_many_refused(beyond, whole_run) or point_lost
     if too_many_refused(beyond, drifts.size) or decided:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
     if decided:
         text += (f" (already decided: {beyond} of the run's {whole_run} slices refused"
-                 + (", a point left with fewer than half its slices" if 2 * (cfg.rounds - most_refused) < cfg.rounds
-                    else "") + ")")
+                 + (", a point left with fewer than half its slices" if point_lost else "") + ")")
     return text, decided
 
 
