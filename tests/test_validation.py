@@ -367,15 +367,15 @@ def test_long_prompts_are_prefilled_in_groups_that_bound_the_padded_attention() 
 
 @pytest.mark.slow  # ~30 s: acceptance logs, a profile pass and a round of real slices
 def test_stop_when_unsteady_ends_the_run_after_the_round_with_exit_code_3(tmp_path, capsys) -> None:
-    """A drift tolerance no slice can meet (1e-9): the first round's one slice is beyond it, so the run stops
-    there with one line naming the option, and writes no report."""
+    """A drift tolerance no slice can meet (1e-9): whatever the second profile pass reads, no reference keeps both
+    of the first round's slices, so the run stops there with one line naming the option, and writes no report."""
     with pytest.raises(SystemExit) as stopped:
-        main(["--models", "random", "--users", "1", "--policies", "mtp1", "--duration-s", "2", "--rounds", "2",
+        main(["--models", "random", "--users", "1,2", "--policies", "mtp1", "--duration-s", "2", "--rounds", "2",
               "--warmup-s", "0.3", "--profile-repeats", "1", "--log-requests", "4", "--drift-tolerance", "1e-9",
               "--stop-when-unsteady", "--out", str(tmp_path / "out")])
     assert stopped.value.code == 3
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and "stopped after round 1/2 (--stop-when-unsteady): round 1/2: 1 of 1 slices" in error[0]
+    assert len(error) == 1 and "stopped after round 1/2 (--stop-when-unsteady): round 1/2: 2 of 2 slices" in error[0]
     assert "MACHINE NOT STEADY" in error[0] and not (tmp_path / "out" / "validation.md").exists()
 
 

@@ -68,14 +68,45 @@ def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) 
     return 0.5 * (np.asarray(before_s) + np.asarray(after_s)) / np.median(pass_s) - 1
 
 
+def reference_range(pass_s: np.ndarray, total_passes: int) -> tuple[float, float]:
+    """The values the final drift reference (the median of every profile pass's reading) can still take when only
+    ``pass_s`` of ``total_passes`` passes have run: lowest with every later pass reading 0, highest with every
+    later one reading without bound (the median moves continuously between them). One value once all have run."""
+    later = total_passes - len(pass_s)
+    return (float(np.median(np.concatenate([pass_s, np.zeros(later)]))),
+            float(np.median(np.concatenate([pass_s, np.full(later, np.inf)]))))
+
+
+def least_refused(slice_s: np.ndarray, point_ids: np.ndarray, pass_s: np.ndarray, total_passes: int,
+                  tolerance: float, rounds: int) -> tuple[int, int, bool]:
+    """What the slices served so far (their readings ``slice_s``, ``point_ids`` naming each one's point) already
+    decide, whatever the later profile passes read: the fewest slices any reachable reference refuses, the most
+    of one point's slices it must refuse, and whether every reachable reference makes the run unsteady (more than
+    :data:`STEADY_MAX_REFUSED_SHARE` of the whole run refused, or a point below half its ``rounds`` slices; every
+    later slice assumed kept). A slice's kept set in the reference is a closed interval, so checking the range's
+    ends and every interval end inside it is exact."""
+    low, high = reference_range(pass_s, total_passes)
+    ends = np.concatenate([slice_s / (1 + tolerance), slice_s / (1 - tolerance) if tolerance < 1 else []])
+    refs = np.unique(np.concatenate([[low, high], ends[(ends >= low) & (ends <= high)]]))
+    with np.errstate(divide="ignore"):
+        drifts = slice_s[None, :] / refs[:, None] - 1  # [reference, slice]
+    refused = np.abs(drifts) > tolerance * (1 + 1e-9)  # an interval's own end keeps its slice despite rounding
+    per_point = np.stack([refused[:, point_ids == p].sum(axis=1) for p in np.unique(point_ids)], axis=1)
+    whole_run = len(np.unique(point_ids)) * rounds
+    unsteady = np.array([too_many_refused(int(n), whole_run) for n in refused.sum(axis=1)])
+    unsteady |= 2 * (rounds - per_point.max(axis=1)) < rounds  # kept_slices' spoiled rule
+    return int(refused.sum(axis=1).min()), int(per_point.max(axis=1).min()), bool(unsteady.all())
+
+
 def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> tuple[str, bool]:
     """A progress line after a round of a validation, and whether the slices so far already decide a ``MACHINE
     NOT STEADY`` report. The line says how many of the slices served so far drifted beyond ``cfg.drift_tolerance``
     from the profile passes so far (provisional: the final screening measures against every pass), and, once
     that share exceeds :data:`STEADY_MAX_REFUSED_SHARE`, that the run is heading for the verdict, so that the user
-    can stop early instead of waiting for a table of spoiled points. The verdict is decided when the refused
-    slices already exceed that share of the whole run's slices (every point serves one slice a round), or a point
-    has already lost more than half of its ``cfg.rounds`` slices; ``cfg.stop_when_unsteady`` stops the run then."""
+    can stop early instead of waiting for a table of spoiled points. The verdict is decided when it follows
+    whatever the later profile passes read (:func:`least_refused`); ``cfg.stop_when_unsteady`` stops the run
+    then. After one pass the reference can still move anywhere, so only slices that disagree with each other
+    decide it."""
     before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
     if not before_s.size or not pass_s.size:
         return f"round {rounds_done}/{cfg.rounds}: no slice served yet", False
@@ -85,18 +116,20 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     text = (f"round {rounds_done}/{cfg.rounds}: {beyond} of {drifts.size} slices so far beyond "
             f"+-{100 * cfg.drift_tolerance:g}% of the profile passes' speed "
             f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
-    slices = probes[probes["phase"] == "slice"].assign(refused=True)
-    slices.iloc[kept, slices.columns.get_loc("refused")] = False
-    most_refused = int(slices.groupby(["policy", "num_users"])["refused"].sum().max())
+    slices = probes[probes["phase"] == "slice"]
+    point_ids = pd.factorize(pd.MultiIndex.from_frame(slices[["policy", "num_users"]]))[0]
     whole_run = drifts.size // rounds_done * cfg.rounds
-    point_lost = 2 * (cfg.rounds - most_refused) < cfg.rounds  # kept_slices' spoiled rule, every later slice kept
-    decided = too_many_refused(beyond, whole_run) or point_lost
+    least, point_least, decided = least_refused(0.5 * (before_s + after_s), point_ids, pass_s,
+                                                1 if cfg.profile is not None else cfg.rounds,
+                                                cfg.drift_tolerance, cfg.rounds)
     if too_many_refused(beyond, drifts.size) or decided:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
     if decided:
-        text += (f" (already decided: {beyond} of the run's {whole_run} slices refused"
-                 + (", a point left with fewer than half its slices" if point_lost else "") + ")")
+        text += (f" (already decided, whatever the later profile passes read: at least {least} of the run's "
+                 f"{whole_run} slices refused"
+                 + (", a point left with fewer than half its slices" if 2 * (cfg.rounds - point_least) < cfg.rounds
+                    else "") + ")")
     return text, decided
 
 
