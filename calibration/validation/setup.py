@@ -82,7 +82,8 @@ class ValidationConfig:
     # what measures the drift: "probe" (speed_reference, timed before and after each pass and slice) or "meter"
     # (the canary timed before every serving step, the passes' loop probes and the slices: serving.speed_meter)
     drift_measure: str = "probe"
-    stop_when_unsteady: bool = False  # stop after a round once the slices so far decide a not-steady report
+    # stop after a round once the slices so far make a not-steady report certain (points.least_refused)
+    stop_when_unsteady: bool = False
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4

@@ -365,7 +365,8 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                         "meter (a small canary timed before every serving step - the passes' loop probes, the real "
                         "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
-                   help="stop (exit code 3) after a round once drifted slices decide a MACHINE NOT STEADY report")
+                   help="stop (exit code 3) after a round once its drifted slices make a MACHINE NOT STEADY report "
+                        "certain, whatever the later profile passes read")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
