@@ -19,6 +19,7 @@ from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import (
     drift_weight,
     least_refused,
+    profile_price_se,
     reference_range,
     round_progress,
     slice_drifts,
@@ -53,6 +54,15 @@ def test_slice_intervals_are_student_t_over_the_slices_errors() -> None:
     drifted = slice_intervals(sims, reals, np.array([0.1, 0.0, 0.0]))
     assert drifted["throughput_slice_sd"] == pytest.approx(np.array([0.0, -0.05, 0.05]).std(ddof=1))
     assert np.isnan(slice_intervals(sims[:1], reals[:1])["throughput_ci"])
+
+
+def test_the_median_profiles_price_error_comes_from_the_passes_prices_of_the_same_steps() -> None:
+    """Passes pricing a point's steps at 1.0, 0.98 and 1.02 (measured over priced 1/price): the median's standard
+    error is sqrt(pi/2) times their relative standard deviation over sqrt(3); one pass says nothing."""
+    prices = np.array([1.0, 0.98, 1.02])
+    assert profile_price_se(1.1 / prices) == pytest.approx(np.sqrt(np.pi / 2) * prices.std(ddof=1) / np.sqrt(3))
+    assert profile_price_se([1.05, 1.05, 1.05]) == 0.0
+    assert np.isnan(profile_price_se([1.05])) and np.isnan(profile_price_se([1.0, float("nan")]))
 
 
 def _steps(profile, cycles_factor: float) -> pd.DataFrame:

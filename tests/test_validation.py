@@ -327,6 +327,10 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     assert len(runs) == 4 and "pools 4 acceptance draw(s)" in report and "tok/s/user sampling noise" in report
     assert (table["tpu_mean_sampling_se"] > 0).all() and (table["tpu_mean_sampling_se"] < 0.5).all()
     assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
+    # each point's interval adds the error of the median profile (two passes pricing its real steps) to its slices'
+    assert (table["profile_price_se"] > 0).all() and (table["profile_price_se"] < 0.5).all()
+    for name in ("throughput", "tpu_mean"):
+        assert (table[f"{name}_ci"] > table[f"{name}_slice_ci"]).all()
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked). No slice is refused here
     # (--drift-tolerance 10: with two slices per point, an unsteady machine once spoiled 4 of the 6 points and
     # the test checked two); each point gets room for its measured drift instead (the refusal rule:

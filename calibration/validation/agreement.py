@@ -3,7 +3,8 @@
 Reads each run's ``points.csv`` (written by ``python -m calibration.validate``) and prints,
 per run, the mean and worst absolute error of throughput and mean tok/s/user over the
 reported points (a point refused for drift is left out and named), and, per point, every
-run's error with its interval (95% CI over the point's slices). Two runs *agree* at a point
+run's error with its interval (95% CI: the spread over the point's slices and the error of the
+profile's median over its passes, combined). Two runs *agree* at a point
 when their errors differ by no more than the two intervals combined (sqrt(ci1^2 + ci2^2)).
 """
 
@@ -51,7 +52,7 @@ def agreement_lines(names: list[str], tables: list[pd.DataFrame]) -> list[str]:
     lines = []
     for metric in TARGET_METRICS:
         agree, total = 0, 0
-        lines.append(f"{metric}: error per run (+- 95% CI over slices)")
+        lines.append(f"{metric}: error per run (+- 95% CI: slices, profile)")
         keys = tables[0][["policy", "num_users"]].itertuples(index=False)
         for policy, users in keys:
             rows = [t[(t["policy"] == policy) & (t["num_users"] == users)].iloc[0] for t in tables]

@@ -3,10 +3,13 @@ cost model's own error (see :func:`point_result`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from calibration.profiling.step_prices import step_cost_ratio
 from calibration.validation.report import (
@@ -133,15 +136,32 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     return text, decided
 
 
+def profile_price_se(ratios: Sequence[float]) -> float:
+    """The relative standard error of the median profile's price of a point's real steps, from each profile pass's
+    price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices over
+    their mean, their standard deviation times sqrt(pi / 2) over sqrt(n) (a median's standard error for normal
+    scatter). NaN with fewer than two passes."""
+    prices = 1.0 / np.asarray(ratios, dtype=np.float64)
+    if prices.size < 2 or not np.isfinite(prices).all():
+        return float("nan")
+    return float(np.sqrt(np.pi / 2) * np.std(prices / prices.mean(), ddof=1) / np.sqrt(prices.size))
+
+
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],
-                 drifts: np.ndarray, profile: HardwareProfile, weight: float = 1.0) -> dict[str, Any]:
+                 drifts: np.ndarray, profile: HardwareProfile, weight: float = 1.0,
+                 passes: Sequence[HardwareProfile] = ()) -> dict[str, Any]:
     """A point's row, corrected for the machine's drift: slice k of the real loop ran ``1 + drifts[k]`` times as
     slow as the machine did while profiling (reference probe; across slices the simulator's error follows it with
     a slope near 1), so its throughput and tok/s/user are scaled by ``1 + weight * drifts[k]`` (``weight``: the
     share of the drift the probe can tell from its own noise, :func:`drift_weight`; ``*_err`` corrected,
     ``*_err_raw`` as measured). ``sims[k]``: the simulator's runs of slice k (its acceptance draws), pooled. A
     slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
-    with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``)."""
+    with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``).
+
+    Every slice of the simulator prices with the same median profile, so the spread over slices
+    (``<metric>_slice_ci``) leaves out the profile's own error, which each rerun draws anew: ``<metric>_ci`` adds
+    it in quadrature, a Student-t interval on :func:`profile_price_se` over the profile ``passes`` (a price off by
+    x% moves the simulator's throughput and tok/s/user by about x%)."""
     kept, spoiled = kept_slices(drifts, cfg.drift_tolerance)
     use = kept if kept else list(range(len(drifts)))
     row = point_row(*point, pooled([run for k in use for run in sims[k]]), pooled([reals[k] for k in use]),
@@ -162,9 +182,16 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
              for r in range(len(sims[use[0]]))]
     row["tpu_mean_sampling_se"] = sampling_se([np.nan if d is None else d for d in draws])
     policy = make_policy(point[0])
-    row["step_cost_ratio"] = step_cost_ratio([reals[k].steps for k in use], profile, cfg.drafter, policy.name,
-                                             policy.draft_tokens(cfg.gamma), cfg.warmup_s, policy.synchronous,
-                                             [reals[k].chunks for k in use])
+    ratio = partial(step_cost_ratio, [reals[k].steps for k in use], drafter=cfg.drafter, policy=policy.name,
+                    draft_tokens=policy.draft_tokens(cfg.gamma), warmup_s=cfg.warmup_s,
+                    synchronous=policy.synchronous, chunks=[reals[k].chunks for k in use])
+    row["step_cost_ratio"] = ratio(profile=profile)
+    row["profile_price_se"] = profile_price_se([ratio(profile=p) for p in passes])
+    for name in TARGET_METRICS:
+        row[f"{name}_slice_ci"] = row[f"{name}_ci"]
+        if np.isfinite(row["profile_price_se"]):
+            profile_ci = stats.t.ppf(0.975, len(passes) - 1) * row["profile_price_se"]
+            row[f"{name}_ci"] = float(np.hypot(row[f"{name}_slice_ci"], profile_ci))
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row

@@ -255,8 +255,8 @@ def markdown_table(table: pd.DataFrame) -> str:
     shown = [m for m in METRICS if table[f"{m}_sim"].notna().any() or table[f"{m}_real"].notna().any()]
     kept = "slices_kept" in table
     header = ["policy", "users", "machine drift"] + (["slices kept", "real step / priced"] if kept else []) + [
-        METRICS[m][0] + " sim / real (err" + (" +- 95% CI over slices" if kept and m in TARGET_METRICS else "") + ")"
-        for m in shown]
+        METRICS[m][0] + " sim / real (err" + (" +- 95% CI: slices, profile" if kept and m in TARGET_METRICS else "")
+        + ")" for m in shown]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.to_dict("records"):
         cells = [str(row["policy"]), str(row["num_users"]), f"{100 * row['machine_drift']:+.1f}%"]

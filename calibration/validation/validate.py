@@ -131,7 +131,8 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             for point in points:
                 Cluster(simulation_spec(cfg, point, first_setups, 0))
         probe_log: list[dict[str, Any]] = []
-        profile, pricing, reals = _measure(cfg, models, points, reference, progress, check, probe_log)
+        passes, reals = _measure(cfg, models, points, reference, progress, check, probe_log)
+        profile, pricing = passes[0] if len(passes) == 1 else median_profile(passes), passes[0]
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
@@ -143,7 +144,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             drift = drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
                            .to_numpy()]
-            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight))
+            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
                       pd.DataFrame(slice_rows), probes, pricing)
@@ -176,12 +177,12 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
 def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
              progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None,
              probe_log: list[dict[str, Any]] | None = None
-             ) -> tuple[HardwareProfile, HardwareProfile, dict]:
+             ) -> tuple[list[HardwareProfile], dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
-    every point. Returns the element-wise median of the rounds' profiles, the first pass (what the real loop's policies
-    price with) and the real slices of each point. ``probe_log`` gets one record per profile pass and per slice: the
-    reference probe timed before and after it and, with ``drift_measure`` meter, the meter's readings inside it
-    (:data:`PROBE_COLUMNS`).
+    every point. Returns the rounds' profiles (their element-wise median prices the simulator; the first pass is what
+    the real loop's policies price with) and the real slices of each point. ``probe_log`` gets one record per
+    profile pass and per slice: the reference probe timed before and after it and, with ``drift_measure`` meter,
+    the meter's readings inside it (:data:`PROBE_COLUMNS`).
 
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
@@ -230,8 +231,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
         progress(line)
         if unsteady and cfg.stop_when_unsteady:
             raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}")
-    profile = passes[0] if len(passes) == 1 else median_profile(passes)
-    return profile, passes[0], reals
+    return passes, reals
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
