@@ -28,6 +28,8 @@ from calibration.validation.report import (
     drift_note,
     kept_slices,
     machine_verdict,
+    noise_note,
+    profile_note,
     sampling_note,
     sampling_se,
     slice_intervals,
@@ -190,6 +192,10 @@ def test_sampling_se_is_one_draws_spread_plus_the_mean_of_the_draws() -> None:
     note = sampling_note(table)
     assert "up to 2.0% (mtp1 x1)" in note and f"about {100 * np.sqrt(2 / np.pi) * 0.02:.1f}%" in note
     assert "needs --sim-replicas >= 2" in sampling_note(table.assign(tpu_mean_sampling_se=np.nan))
+    # the profile's own price error: the largest and the mean over the reported points, in the report's noise lines
+    table = table.assign(throughput_err=[0.01, np.nan], profile_price_se=[0.012, 0.5])
+    assert "up to 1.2% (mtp1 x1), 1.2% on average" in profile_note(table) and profile_note(table) in noise_note(table)
+    assert "needs two profile passes" in profile_note(table.assign(profile_price_se=np.nan))
 
 
 def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_below_half() -> None:

@@ -229,6 +229,25 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
             + "; the errors mix the machine's drift with the simulator's: rerun on a quiet machine")
 
 
+def noise_note(table: pd.DataFrame) -> str:
+    """The report's lines on what noise each point's error carries: request sampling, and the profile's own error."""
+    return "\n".join(line for line in (sampling_note(table), profile_note(table)) if line)
+
+
+def profile_note(table: pd.DataFrame) -> str:
+    """The median profile's own price error (``profile_price_se`` of the reported points), which each point's
+    interval carries beside its slices' spread."""
+    if "profile_price_se" not in table:
+        return ""
+    se = table.loc[table["throughput_err"].notna(), ["policy", "num_users", "profile_price_se"]].dropna()
+    if se.empty:
+        return "profile price error: not estimated (it needs two profile passes or more)"
+    worst = se.loc[se["profile_price_se"].idxmax()]
+    return (f"profile price error (the passes' prices of each point's real steps; in every interval): standard "
+            f"error of their median up to {100 * worst['profile_price_se']:.1f}% ({worst['policy']} "
+            f"x{worst['num_users']}), {100 * se['profile_price_se'].mean():.1f}% on average")
+
+
 def sampling_note(table: pd.DataFrame) -> str:
     """The tok/s/user error that request sampling alone makes (``tpu_mean_sampling_se`` of the reported points):
     its largest standard error, and the mean |error| a simulator without any error of its own would show,

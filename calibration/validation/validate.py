@@ -60,7 +60,7 @@ from calibration.validation.report import (
     machine_verdict,
     markdown_table,
     mean_abs_errors,
-    sampling_note,
+    noise_note,
     slice_records,
     worst_errors,
 )
@@ -297,7 +297,7 @@ def report_text(result: Validation) -> str:
         + "; mean |relative error|: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
         + drift_note(result.table, cfg.drift_tolerance, cfg.drift_measure),
-        sampling_note(result.table),
+        noise_note(result.table),
     ]
     verdict = machine_verdict(result.table)
     return "\n".join(([verdict, ""] if verdict else []) + lines)
