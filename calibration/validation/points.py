@@ -140,7 +140,7 @@ def profile_price_se(ratios: Sequence[float]) -> float:
     """The relative standard error of the median profile's price of a point's real steps, from each profile pass's
     price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices over
     their mean, their standard deviation times sqrt(pi / 2) over sqrt(n) (a median's large-sample standard error
-    for normal scatter; for 2-5 passes the exact factor is 1.0-1.2, so this errs wide by up to a fifth). NaN with
+    for normal scatter; for 2-5 passes the exact factor is 1.0-1.2, so this errs wide by up to a quarter). NaN with
     fewer than two passes."""
     prices = 1.0 / np.asarray(ratios, dtype=np.float64)
     if prices.size < 2 or not np.isfinite(prices).all():
