@@ -6,7 +6,7 @@ the real serving loop. The relative error of a metric is ``(sim - real) / real``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -229,6 +229,16 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
             + "; the errors mix the machine's drift with the simulator's: rerun on a quiet machine")
 
 
+def _largest_note(table: pd.DataFrame, column: str, error: str, missing: str,
+                  describe: Callable[[pd.Series, pd.Series], str]) -> str:
+    """``describe(values, largest)`` over ``column`` of the reported points (``error`` not NaN) and the row of its
+    largest value; nothing when the table has no such column, ``missing`` when no reported point has a value."""
+    if column not in table:
+        return ""
+    values = table.loc[table[error].notna(), ["policy", "num_users", column]].dropna()
+    return describe(values[column], values.loc[values[column].idxmax()]) if len(values) else missing
+
+
 def noise_note(table: pd.DataFrame) -> str:
     """The report's lines on what noise each point's error carries: request sampling, and the profile's own error."""
     return "\n".join(line for line in (sampling_note(table), profile_note(table)) if line)
@@ -237,32 +247,26 @@ def noise_note(table: pd.DataFrame) -> str:
 def profile_note(table: pd.DataFrame) -> str:
     """The median profile's own price error (``profile_price_se`` of the reported points), which each point's
     interval carries beside its slices' spread."""
-    if "profile_price_se" not in table:
-        return ""
-    se = table.loc[table["throughput_err"].notna(), ["policy", "num_users", "profile_price_se"]].dropna()
-    if se.empty:
-        return "profile price error: not estimated (it needs two profile passes or more)"
-    worst = se.loc[se["profile_price_se"].idxmax()]
-    return (f"profile price error (the passes' prices of each point's real steps; in every interval): standard "
-            f"error of their median up to {100 * worst['profile_price_se']:.1f}% ({worst['policy']} "
-            f"x{worst['num_users']}), {100 * se['profile_price_se'].mean():.1f}% on average")
+    return _largest_note(
+        table, "profile_price_se", "throughput_err",
+        "profile price error: not estimated (it needs two profile passes or more)",
+        lambda se, worst: (f"profile price error (the passes' prices of each point's real steps; in every "
+                           f"interval): standard error of their median up to {100 * worst['profile_price_se']:.1f}% "
+                           f"({worst['policy']} x{worst['num_users']}), {100 * se.mean():.1f}% on average"))
 
 
 def sampling_note(table: pd.DataFrame) -> str:
     """The tok/s/user error that request sampling alone makes (``tpu_mean_sampling_se`` of the reported points):
     its largest standard error, and the mean |error| a simulator without any error of its own would show,
     sqrt(2 / pi) times the standard error averaged over the points."""
-    if "tpu_mean_sampling_se" not in table:
-        return ""
-    se = table.loc[table["tpu_mean_err"].notna(), ["policy", "num_users", "tpu_mean_sampling_se"]].dropna()
-    if se.empty:
-        return "tok/s/user sampling noise: not estimated (it needs --sim-replicas >= 2)"
-    worst = se.loc[se["tpu_mean_sampling_se"].idxmax()]
-    return (f"tok/s/user sampling noise (which texts, hence which acceptance, the requests got; from the spread "
-            f"of the simulator's acceptance draws): standard error "
-            f"up to {100 * worst['tpu_mean_sampling_se']:.1f}% ({worst['policy']} x{worst['num_users']}); "
-            f"an exact simulator would show a mean |error| of about "
-            f"{100 * np.sqrt(2 / np.pi) * se['tpu_mean_sampling_se'].mean():.1f}% from it alone")
+    return _largest_note(
+        table, "tpu_mean_sampling_se", "tpu_mean_err",
+        "tok/s/user sampling noise: not estimated (it needs --sim-replicas >= 2)",
+        lambda se, worst: (f"tok/s/user sampling noise (which texts, hence which acceptance, the requests got; "
+                           f"from the spread of the simulator's acceptance draws): standard error up to "
+                           f"{100 * worst['tpu_mean_sampling_se']:.1f}% ({worst['policy']} x{worst['num_users']}); "
+                           f"an exact simulator would show a mean |error| of about "
+                           f"{100 * np.sqrt(2 / np.pi) * se.mean():.1f}% from it alone"))
 
 
 def _or_dash(value: float, digits: int) -> str:
