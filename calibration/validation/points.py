@@ -81,13 +81,13 @@ def reference_range(pass_s: np.ndarray, total_passes: int) -> tuple[float, float
 
 
 def least_refused(slice_s: np.ndarray, point_ids: np.ndarray, pass_s: np.ndarray, total_passes: int,
-                  tolerance: float, rounds: int) -> tuple[int, int, bool]:
+                  tolerance: float, rounds: int) -> tuple[int, bool, bool]:
     """What the slices served so far (their readings ``slice_s``, ``point_ids`` naming each one's point) already
-    decide, whatever the later profile passes read: the fewest slices any reachable reference refuses, the most
-    of one point's slices it must refuse, and whether every reachable reference makes the run unsteady (more than
-    :data:`STEADY_MAX_REFUSED_SHARE` of the whole run refused, or a point below half its ``rounds`` slices; every
-    later slice assumed kept). A slice's kept set in the reference is a closed interval, so checking the range's
-    ends and every interval end inside it is exact."""
+    decide, whatever the later profile passes read: the fewest slices any reachable reference refuses, whether
+    every reachable reference leaves some point below half its ``rounds`` slices, and whether every reachable
+    reference makes the run unsteady (more than :data:`STEADY_MAX_REFUSED_SHARE` of the whole run refused, or such
+    a point; every later slice assumed kept). A slice's kept set in the reference is a closed interval, so
+    checking the range's ends and every interval end inside it is exact."""
     low, high = reference_range(pass_s, total_passes)
     ends = np.concatenate([slice_s / (1 + tolerance), slice_s / (1 - tolerance) if tolerance < 1 else []])
     refs = np.unique(np.concatenate([[low, high], ends[(ends >= low) & (ends <= high)]]))
@@ -96,9 +96,9 @@ def least_refused(slice_s: np.ndarray, point_ids: np.ndarray, pass_s: np.ndarray
     refused = np.abs(drifts) > tolerance * (1 + 1e-9)  # an interval's own end keeps its slice despite rounding
     per_point = np.stack([refused[:, point_ids == p].sum(axis=1) for p in np.unique(point_ids)], axis=1)
     whole_run = len(np.unique(point_ids)) * rounds
-    unsteady = np.array([too_many_refused(int(n), whole_run) for n in refused.sum(axis=1)])
-    unsteady |= 2 * (rounds - per_point.max(axis=1)) < rounds  # kept_slices' spoiled rule
-    return int(refused.sum(axis=1).min()), int(per_point.max(axis=1).min()), bool(unsteady.all())
+    point_lost = 2 * (rounds - per_point.max(axis=1)) < rounds  # kept_slices' spoiled rule
+    unsteady = np.array([too_many_refused(int(n), whole_run) for n in refused.sum(axis=1)]) | point_lost
+    return int(refused.sum(axis=1).min()), bool(point_lost.all()), bool(unsteady.all())
 
 
 def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> tuple[str, bool]:
@@ -122,7 +122,7 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     slices = probes[probes["phase"] == "slice"]
     point_ids = pd.factorize(pd.MultiIndex.from_frame(slices[["policy", "num_users"]]))[0]
     whole_run = drifts.size // rounds_done * cfg.rounds
-    least, point_least, decided = least_refused(0.5 * (before_s + after_s), point_ids, pass_s,
+    least, point_lost, decided = least_refused(0.5 * (before_s + after_s), point_ids, pass_s,
                                                 1 if cfg.profile is not None else cfg.rounds,
                                                 cfg.drift_tolerance, cfg.rounds)
     if too_many_refused(beyond, drifts.size) or decided:
@@ -131,8 +131,7 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     if decided:
         text += (f" (already decided, whatever the later profile passes read: at least {least} of the run's "
                  f"{whole_run} slices refused"
-                 + (", a point left with fewer than half its slices" if 2 * (cfg.rounds - point_least) < cfg.rounds
-                    else "") + ")")
+                 + (", a point left with fewer than half its slices" if point_lost else "") + ")")
     return text, decided
 
 
