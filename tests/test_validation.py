@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -372,7 +373,8 @@ def test_long_prompts_are_prefilled_in_groups_that_bound_the_padded_attention() 
 @pytest.mark.slow  # ~40 s: acceptance logs, a profile pass and a round of real slices
 def test_stop_when_unsteady_ends_the_run_after_the_round_with_exit_code_3(tmp_path, capsys) -> None:
     """A drift tolerance no slice can meet (1e-9): whatever the second profile pass reads, no reference keeps both
-    of the first round's slices, so the run stops there with one line naming the option, and writes no report."""
+    of the first round's slices, so the run stops there with one line naming the option, and writes no report; the
+    probe's timings so far (round 1: its profile pass and two slices) and the config stay readable."""
     with pytest.raises(SystemExit) as stopped:
         main(["--models", "random", "--users", "1,2", "--policies", "mtp1", "--duration-s", "2", "--rounds", "2",
               "--warmup-s", "0.3", "--profile-repeats", "1", "--log-requests", "4", "--drift-tolerance", "1e-9",
@@ -381,6 +383,12 @@ def test_stop_when_unsteady_ends_the_run_after_the_round_with_exit_code_3(tmp_pa
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "stopped after round 1/2 (--stop-when-unsteady): round 1/2: 2 of 2 slices" in error[0]
     assert "MACHINE NOT STEADY" in error[0] and not (tmp_path / "out" / "validation.md").exists()
+    assert error[0].endswith(f"the probe's timings so far: {tmp_path / 'out' / 'probes.csv'}")
+    probes = pd.read_csv(tmp_path / "out" / "probes.csv")
+    assert probes[["round", "phase", "num_users"]].values.tolist() == [[0, "profile", 0], [0, "slice", 1],
+                                                                         [0, "slice", 2]]
+    assert (probes[["before_s", "after_s"]] > 0).all().all()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["stop_when_unsteady"] is True
 
 
 def test_a_single_user_sweep_profiles_two_batch_sizes_for_the_decisions_line() -> None:

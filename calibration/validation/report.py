@@ -177,7 +177,12 @@ def mean_abs_errors(table: pd.DataFrame) -> dict[str, float]:
 
 
 class MachineNotSteady(RuntimeError):
-    """A validation stopped early (``--stop-when-unsteady``): its slices so far drifted too much to report."""
+    """A validation stopped early (``--stop-when-unsteady``): its slices so far drifted too much to report.
+    ``probes``: the reference probe's timings up to the stop (the rows ``probes.csv`` holds after a whole run)."""
+
+    def __init__(self, message: str, probes: pd.DataFrame) -> None:
+        super().__init__(message)
+        self.probes = probes
 
 
 DRIFT_MEASURES = {"probe": "reference probe", "meter": "speed meter"}  # --drift-measure -> what the report calls it

@@ -24,9 +24,8 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    budget side by side with the relative error ``(sim - real) / real``, and draw
    both frontiers (throughput against mean tok/s/user over the concurrency sweep).
 
-Pieces: :mod:`calibration.validation.setup`; tables and figure: :mod:`calibration.validation.report`.
-Closed-loop traffic (``--users`` users, no think time), short lognormal lengths, torch on ``--threads`` CPU
-threads (1 by default). Results are measured timings (``--clock``) and vary run to run.
+Pieces: :mod:`calibration.validation.setup`, :mod:`~calibration.validation.report`. Closed-loop traffic, short
+lognormal lengths, torch on ``--threads`` CPU threads (1). Results are measured timings and vary run to run.
 """
 
 from __future__ import annotations
@@ -227,10 +226,12 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
                                cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
             reals[(name, users)].append(measured(("slice", name, users, round_idx),
                                                  partial(serve, spec, serving_models)))
-        line, unsteady = round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)), cfg, round_idx + 1)
+        probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
+        line, unsteady = round_progress(probes, cfg, round_idx + 1)
         progress(line)
         if unsteady and cfg.stop_when_unsteady:
-            raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}")
+            raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}",
+                                   probes)
     return passes, reals
 
 
@@ -286,8 +287,7 @@ def report_text(result: Validation) -> str:
         f"output ~{cfg.output_tokens} tokens (lognormal sigma {cfg.length_sigma}); profile version "
         f"{result.profile.version}"
         + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
-        + "; "
-        f"{cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
+        + f"; {cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
         f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; the simulator pools {cfg.sim_replicas} "
         f"acceptance draw(s) of each slice's requests; seed {cfg.seed}",
         "",
@@ -328,8 +328,7 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--length-sigma", type=float, default=d.length_sigma, help="lognormal sigma of both lengths")
     p.add_argument("--duration-s", type=float, default=d.duration_s, help="seconds per point (sim and real)")
     p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="seconds left out of the metrics (per slice)")
-    p.add_argument("--rounds", type=int, default=d.rounds,
-                   help="split each real run into this many slices, run round-robin over the points")
+    p.add_argument("--rounds", type=int, default=d.rounds, help="slices per real run, served round-robin over points")
     p.add_argument("--prompt-limit-tokens", type=int, default=d.prompt_limit_tokens,
                    help="longest prompt; longer draws are truncated (default: 4 x --prompt-tokens)")
     p.add_argument("--profile-version", type=int, choices=(1, 2), default=d.profile_version,
@@ -355,8 +354,7 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="the real loop's decode clock: cpu (its thread's CPU seconds plus sleeps: time other jobs take "
                         "is not booked) or wall (default: %(default)s)")
     p.add_argument("--sim-replicas", type=int, default=d.sim_replicas,
-                   help="draws of the acceptance process the simulator pools per slice (same requests; "
-                        "default: %(default)s)")
+                   help="acceptance draws the simulator pools per slice (same requests; default: %(default)s)")
     p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
                    help="refuse a real slice whose reference probe differs from profiling's by more than this "
                         "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
@@ -366,7 +364,7 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                         "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
                    help="stop (exit code 3) after a round once its drifted slices make a MACHINE NOT STEADY report "
-                        "certain, whatever the later profile passes read")
+                        "certain, whatever the later profile passes read; probes.csv keeps the timings so far")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
@@ -384,15 +382,17 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
 
 def main(argv: list[str] | None = None) -> Validation:
     cfg, out = parse_args(argv)
+    out.mkdir(parents=True, exist_ok=True)  # the config first: a run that stops keeps it beside what it measured
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
     try:
         result = run_validation(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except MachineNotSteady as err:
-        print(f"error: {err}", file=sys.stderr)
+        err.probes.to_csv(out / "probes.csv", index=False)
+        print(f"error: {err}; the probe's timings so far: {out / 'probes.csv'}", file=sys.stderr)
         raise SystemExit(3) from None
     paths = write_outputs(result, out)
     print(report_text(result))
-    print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    print(f"\nwrote {', '.join(str(p) for p in [*paths.values(), out / 'config.json'])}")
     return result
 
 
