@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.acceptance.evaluate import decode_and_record
+from calibration.acceptance.evaluate import decode_and_record, prompt_lengths
+from calibration.acceptance.evaluate import main as evaluate_main
 from calibration.models import checkpoints
 from calibration.models.presets import BYTE_SHAPE, DRAFTER_CONFIGS
 from calibration.training.corpora import decode, encode, load_corpus, math_corpus, sample_prompts, sample_windows
@@ -91,6 +92,20 @@ def test_corpora_are_ascii_seeded_and_split():
     assert all(len(p) == 32 for p in prompts)
     windows = sample_windows([train, held], 4, 16, np.random.default_rng(0))
     assert windows.shape == (4, 16) and windows.max() < 128
+
+
+def test_prompt_lengths_are_fixed_at_sigma_0_and_lognormal_within_4x_the_median_otherwise(capsys):
+    assert prompt_lengths(96, 0.0, 5, np.random.default_rng(0)) == 96  # nothing drawn: the old prompts, exactly
+    lengths = prompt_lengths(96, 0.8, 2000, np.random.default_rng(0))
+    again = prompt_lengths(96, 0.8, 2000, np.random.default_rng(0))
+    np.testing.assert_array_equal(lengths, again)
+    assert lengths.min() >= 1 and lengths.max() == 4 * 96  # exp(0.8 z) > 4 for z > 1.73: some draws truncated
+    assert abs(np.median(lengths) / 96 - 1) < 0.1  # 4.5 standard errors of the median (2.2%)
+    prompts = sample_prompts(math_corpus("heldout"), 4, np.array([5, 40, 17, 1]), np.random.default_rng(1))
+    assert [len(p) for p in prompts] == [5, 40, 17, 1]
+    with pytest.raises(SystemExit):
+        evaluate_main(["--prompt-sigma", "-0.5"])
+    assert "--prompt-sigma must be >= 0 (0: fixed lengths), got -0.5" in capsys.readouterr().err
 
 
 def test_training_smoke_and_checkpoint_round_trip(tmp_path):

@@ -14,6 +14,11 @@ Figure 2 fit of :mod:`simulator.acceptance.presets`).
 verified block, the log the simulator replays in order (``drafter.log_order=walk``).
 Its tau is then a mean over every position of the text, not over the steps ``mtp<gamma>``
 takes, so it is not Table 1's figure.
+
+``--prompt-sigma S`` draws each prompt's length from a lognormal around ``--prompt-tokens`` (sigma S, at most four
+times the median, as the simulator's traffic draws lengths) instead of giving every prompt that length, so that a
+dense log's blocks follow prompts as varied as a traffic's; outputs still run to ``--new-tokens``, so every
+request has a block at every position up to it.
 """
 
 from __future__ import annotations
@@ -59,6 +64,15 @@ def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int
         recorder.record(rec.lengths, rec.accepted, rec.confidence, rec.draft_prob, rec.analytic_acceptance, active,
                         decoded)
     return recorder.frame()
+
+
+def prompt_lengths(median_tokens: int, sigma: float, num_prompts: int, rng: np.random.Generator) -> int | np.ndarray:
+    """Prompt lengths: ``median_tokens`` each when ``sigma`` is 0 (nothing drawn), else lognormal around it with that
+    sigma, rounded up and at most four times the median (the simulator's traffic's default limit)."""
+    if sigma == 0.0:
+        return median_tokens
+    drawn = np.ceil(median_tokens * np.exp(sigma * rng.standard_normal(num_prompts)))
+    return np.minimum(drawn, 4 * median_tokens).astype(np.int64)
 
 
 def paper_tables(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -145,14 +159,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--figure", type=Path, default=None, help="write the Figure 2 analogue PNG here")
     parser.add_argument("--dense", action="store_true",
                         help="keep one token per step: a verified block at every output position (in-order replay)")
+    parser.add_argument("--prompt-sigma", type=float, default=0.0,
+                        help="lognormal sigma of the prompt lengths around --prompt-tokens, at most 4x it "
+                             "(default 0: every prompt --prompt-tokens long)")
     args = parser.parse_args(argv)
+    if not args.prompt_sigma >= 0.0:
+        parser.error(f"--prompt-sigma must be >= 0 (0: fixed lengths), got {args.prompt_sigma}")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = checkpoints.load_target(args.checkpoints)
     frames = []
     start = time.perf_counter()
     for d_idx, domain in enumerate(domains_of(args.domain)):
-        prompts = sample_prompts(load_corpus(domain, "heldout"), args.num_requests, args.prompt_tokens,
+        prompts = sample_prompts(load_corpus(domain, "heldout"), args.num_requests,
+                                 prompt_lengths(args.prompt_tokens, args.prompt_sigma, args.num_requests,
+                                                np.random.default_rng([args.seed, d_idx, 1])),
                                  np.random.default_rng([args.seed, d_idx]))
         for k_idx, kind in enumerate(args.drafters.split(",")):
             drafter = checkpoints.load_drafter(kind, target, args.checkpoints)

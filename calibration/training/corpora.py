@@ -181,15 +181,18 @@ def sample_windows(corpora: list[Corpus], num_windows: int, window_tokens: int,
     return out
 
 
-def sample_prompts(corpus: Corpus, num_prompts: int, prompt_tokens: int, rng: np.random.Generator) -> list[list[int]]:
-    """Held-out prompts: ``prompt_tokens`` bytes starting at the beginning of a random line."""
+def sample_prompts(corpus: Corpus, num_prompts: int, prompt_tokens: int | np.ndarray,
+                   rng: np.random.Generator) -> list[list[int]]:
+    """Held-out prompts: ``prompt_tokens`` bytes (one length, or one per prompt) starting at the beginning of a
+    random line."""
     tokens = corpus.tokens
-    line_starts = np.flatnonzero(tokens[:-prompt_tokens - 1] == ord("\n")) + 1
+    lengths = np.broadcast_to(np.asarray(prompt_tokens, dtype=np.int64), (num_prompts,))
+    line_starts = np.flatnonzero(tokens[:-int(lengths.max()) - 1] == ord("\n")) + 1
     if line_starts.size < num_prompts:
         raise ValueError(f"{corpus.domain} corpus ({corpus.split}) has {line_starts.size} line starts; "
                          f"{num_prompts} prompts requested")
     starts = rng.choice(line_starts, size=num_prompts, replace=False)
-    return [tokens[s:s + prompt_tokens].astype(np.int64).tolist() for s in starts]
+    return [tokens[s:s + n].astype(np.int64).tolist() for s, n in zip(starts, lengths, strict=True)]
 
 
 def corpus_prompts() -> Callable[[str, int, np.random.Generator], list[int]]:
