@@ -234,9 +234,15 @@ def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
                       max_tokens_per_request=40)
     rng = np.random.default_rng(0)
     for rid, n in zip((10, 11, 12, 13), (3, 5, 7, 9), strict=True):
-        batch.join(rid, batch.prefill(rng.integers(0, VOCAB, n).tolist(), rng))
+        staged = batch.prefill(rng.integers(0, VOCAB, n).tolist(), rng)
+        slot = batch.join(rid, staged)
+        assert staged.verifier_k.shape[2] == n and batch.outputs[slot] == [staged.first_token]
+        assert all(torch.equal(a, b) for a, b in zip(batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot),
+                                                     (staged.verifier_k, staged.verifier_v, staged.drafter_k,
+                                                      staged.drafter_v), strict=True))
     batch.step(rng, torch.Generator().manual_seed(0))
-    before = {rid: (list(out), int(batch.decoder.cache.lengths[slot]))
+    before = {rid: (list(out), int(batch.decoder.cache.lengths[slot]), int(batch.decoder.anchors[slot]),
+                    batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot))
               for slot, (rid, out) in enumerate(zip(batch.request_ids, batch.outputs, strict=True))}
     batch.leave([0, 2])  # the two highest slots fill the holes
     assert batch.request_ids == [13, 11]
@@ -244,6 +250,9 @@ def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
         assert batch.outputs[slot] == before[rid][0]
         assert int(batch.decoder.cache.lengths[slot]) == before[rid][1]
         assert int(batch.drafter.cache.lengths[slot]) == before[rid][1]
+        assert int(batch.decoder.anchors[slot]) == before[rid][2]
+        moved = batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot)
+        assert all(torch.equal(a, b) for a, b in zip(moved, before[rid][3], strict=True))
     assert batch.decoder.cache.lengths[2:].tolist() == [0, 0]
     record, timing = batch.step(rng, torch.Generator().manual_seed(1))
     assert record.lengths.tolist() == [2, 2] and timing.total_s >= timing.draft_s + timing.verify_s

@@ -137,6 +137,27 @@ class KVCache:
         else:
             self.lengths[torch.as_tensor(slots, dtype=torch.long)] = 0
 
+    # Whole slots, for a live batch whose requests come, go and move (calibration.serving.batch.LiveBatch).
+
+    def rows(self, slot: int) -> tuple[Tensor, Tensor]:
+        """Copies of slot ``slot``'s committed keys and values, ``[layers, Hkv, length, d]`` each."""
+        n = int(self.lengths[slot])
+        return self.k[:, slot, :, :n].clone(), self.v[:, slot, :, :n].clone()
+
+    def write(self, slot: int, k: Tensor, v: Tensor) -> None:
+        """Slot ``slot`` holds exactly ``k`` and ``v`` (``[layers, Hkv, n, d]``, as :meth:`rows` returns them)."""
+        n = k.shape[2]
+        self.k[:, slot, :, :n] = k
+        self.v[:, slot, :, :n] = v
+        self.lengths[slot] = n
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot ``dst`` takes slot ``src``'s committed rows (``src`` keeps them until it is reused)."""
+        n = int(self.lengths[src])
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+        self.lengths[dst] = n
+
 
 @dataclass(frozen=True)
 class VarlenBatch:

@@ -27,17 +27,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
 from calibration.models.drafters import Drafter, softmax_t
-from calibration.models.model import KVCache, Verifier
+from calibration.models.model import Verifier
 from calibration.serving.specdec import ChunkFill, ContextCost, PrefillChunk, SpeculativeDecoder, StepRecord
 from policies.base import Policy
-from policies.driver import CostSource, PolicyMemory
+from policies.driver import CostSource
 from policies.lossless.sampler import sample_token
 
 TIMED_PARTS = ("draft", "sched", "verify")  # stopwatch names, also the steps table's *_s columns
@@ -111,10 +110,6 @@ class StepTiming:
         return max(0.0, self.total_s - self.draft_s - self.sched_s - self.verify_s)
 
 
-def _stage(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return cache.k[:, 0, :, :n].clone(), cache.v[:, 0, :, :n].clone()
-
-
 class LiveBatch:
     """Up to ``max_requests`` requests decoded together; request ids ride along with their slots."""
 
@@ -135,16 +130,11 @@ class LiveBatch:
             _Timed(verifier, self.watches["verify"], ["__call__"]),
             _Timed(drafter, self.watches["draft"], ["propose", "extend_context"]),
             _Timed(policy, self.watches["sched"], ["decide"]), cost, gamma, temperature)
-        # SpeculativeDecoder.start would size the caches for one fixed batch; a live batch
-        # owns them instead (see docs/validation.md, "what the serving loop needs from specdec").
         # Slots max_requests.. hold prompts being prefilled in chunks (co-located prefill), until they join.
-        self.decoder.cache = verifier.new_cache(max_requests + prefill_slots, self.max_tokens)
-        drafter.new_cache(max_requests + prefill_slots, self.max_tokens)
+        self.decoder.attach(max_requests + prefill_slots, self.max_tokens)
         self.decoder.token_budget = token_budget
         self.free_prefill_slots = list(range(max_requests, max_requests + prefill_slots))
         self.device = verifier.embed.weight.device
-        self.decoder.anchors = torch.empty(0, dtype=torch.long, device=self.device)
-        self.decoder.outputs = []
         self.request_ids: list[int] = []  # [R] request id in slot r
 
     @property
@@ -168,6 +158,7 @@ class LiveBatch:
             raise ValueError(f"a prompt of {n} tokens does not fit a cache slot of {self.max_tokens} tokens")
         cache = self.verifier.new_cache(1, n)
         out = self.verifier(torch.as_tensor(list(prompt), device=self.device), cache.batch([0], [n]), cache)
+        cache.commit([0], [n])
         probs = softmax_t(out.logits[-1], self.temperature).double().cpu().numpy()
         first = sample_token(probs / probs.sum(), rng)
         drafter = self.drafter
@@ -175,12 +166,11 @@ class LiveBatch:
         try:  # build the drafter's context rows in a one-slot staging cache
             drafter.new_cache(1, n)
             drafter.extend_context([0], drafter.features_of(out), [n])
-            dk, dv = _stage(drafter.cache, n)  # type: ignore[arg-type]
+            dk, dv = drafter.cache.rows(0)  # type: ignore[union-attr]
             last = drafter.last_feature[0].clone()  # type: ignore[index]
         finally:
             drafter.cache, drafter.last_feature = saved
-        vk, vv = _stage(cache, n)
-        return Prefilled(n, first, vk, vv, dk, dv, last)
+        return Prefilled(n, first, *cache.rows(0), dk, dv, last)
 
     @torch.inference_mode()
     def join(self, request_id: int, staged: Prefilled) -> int:
@@ -188,16 +178,10 @@ class LiveBatch:
         slot = self.num_requests
         if slot >= self.max_requests:
             raise RuntimeError(f"the batch is full ({self.max_requests} requests)")
-        n = staged.prompt_tokens
-        for cache, k, v in ((self.decoder.cache, staged.verifier_k, staged.verifier_v),
-                            (self.drafter.cache, staged.drafter_k, staged.drafter_v)):
-            cache.k[:, slot, :, :n] = k
-            cache.v[:, slot, :, :n] = v
-            cache.lengths[slot] = n
+        self.decoder.cache.write(slot, staged.verifier_k, staged.verifier_v)
+        self.drafter.cache.write(slot, staged.drafter_k, staged.drafter_v)  # type: ignore[union-attr]
         self.drafter.last_feature[slot] = staged.last_feature  # type: ignore[index]
-        anchor = torch.tensor([staged.first_token], device=self.device)
-        self.decoder.anchors = torch.cat((self.decoder.anchors, anchor))
-        self.decoder.outputs.append([staged.first_token])
+        self.decoder.admit(staged.first_token)
         self.request_ids.append(request_id)
         return slot
 
@@ -240,12 +224,10 @@ class LiveBatch:
     def close_prefill(self, slot: int, first_token: int) -> Prefilled:
         """The prompt computed in prefill slot ``slot`` as a :class:`Prefilled` request (ready to :meth:`join`); the
         slot is freed."""
-        n = int(self.decoder.cache.lengths[slot])
         drafter_cache = self.drafter.cache
         assert drafter_cache is not None and self.drafter.last_feature is not None
-        staged = Prefilled(n, first_token, self.decoder.cache.k[:, slot, :, :n].clone(),
-                           self.decoder.cache.v[:, slot, :, :n].clone(), drafter_cache.k[:, slot, :, :n].clone(),
-                           drafter_cache.v[:, slot, :, :n].clone(), self.drafter.last_feature[slot].clone())
+        staged = Prefilled(int(self.decoder.cache.lengths[slot]), first_token, *self.decoder.cache.rows(slot),
+                           *drafter_cache.rows(slot), self.drafter.last_feature[slot].clone())
         self.free_prefill_slots.append(slot)
         return staged
 
@@ -264,19 +246,12 @@ class LiveBatch:
         for dst, src in zip(holes, movers, strict=True):
             self._move(src, dst)
             order[dst] = src
-        d = self.decoder
-        d.anchors = d.anchors[torch.as_tensor(order, dtype=torch.long, device=self.device)]
-        d.outputs = [d.outputs[s] for s in order]
+        self.decoder.reorder(order)
         self.request_ids = [self.request_ids[s] for s in order]
-        smoothed = {new: d.memory.smoothed[old] for new, old in enumerate(order) if old in d.memory.smoothed}
-        d.memory = PolicyMemory(d.memory.pools, MappingProxyType(smoothed))
-        for cache in (d.cache, self.drafter.cache):
+        for cache in (self.decoder.cache, self.drafter.cache):
             cache.lengths[size:num] = 0
 
     def _move(self, src: int, dst: int) -> None:
         for cache in (self.decoder.cache, self.drafter.cache):
-            n = int(cache.lengths[src])
-            cache.k[:, dst, :, :n] = cache.k[:, src, :, :n]
-            cache.v[:, dst, :, :n] = cache.v[:, src, :, :n]
-            cache.lengths[dst] = n
+            cache.move(src, dst)  # type: ignore[union-attr]
         self.drafter.last_feature[dst] = self.drafter.last_feature[src]  # type: ignore[index]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 import torch
@@ -133,9 +134,7 @@ class SpeculativeDecoder:
         if not prompts or min(len(p) for p in prompts) < 2:
             raise ValueError("need >= 1 prompt, each of >= 2 tokens (the last one is the first anchor)")
         device = self.verifier.embed.weight.device
-        max_tokens = max(len(p) for p in prompts) + max_new_tokens * (self.gamma + 1)
-        self.cache = self.verifier.new_cache(len(prompts), max_tokens)
-        self.drafter.new_cache(len(prompts), max_tokens)
+        self.attach(len(prompts), max(len(p) for p in prompts) + max_new_tokens * (self.gamma + 1))
         counts = [len(p) - 1 for p in prompts]
         for slots in prefill_groups(counts):
             group = [counts[r] for r in slots]
@@ -145,7 +144,35 @@ class SpeculativeDecoder:
             self.drafter.extend_context(slots, self.drafter.features_of(out), group)
         self.anchors = torch.tensor([p[-1] for p in prompts], device=device)
         self.outputs = [[] for _ in prompts]
+
+    # A live batch (continuous batching, calibration.serving.batch.LiveBatch) drives the decoder through these three:
+    # attach once, then admit requests whose KV rows it wrote into the next slot, and reorder when some leave.
+
+    def attach(self, num_slots: int, max_tokens: int) -> None:
+        """Empty caches of ``num_slots`` slots of ``max_tokens`` tokens (verifier and drafter) and no request in them:
+        requests come in by :meth:`admit`."""
+        self.cache = self.verifier.new_cache(num_slots, max_tokens)
+        self.drafter.new_cache(num_slots, max_tokens)
+        self.anchors = torch.empty(0, dtype=torch.long, device=self.verifier.embed.weight.device)
+        self.outputs = []
         self.memory = PolicyMemory()
+
+    def admit(self, first_token: int) -> int:
+        """A request in the next slot (R), whose prompt's KV rows are already in both caches there and whose first
+        output token (prefill's) is ``first_token``, the next step's anchor; returns the slot."""
+        assert self.anchors is not None, "attach(num_slots, max_tokens) first"
+        self.anchors = torch.cat((self.anchors, torch.tensor([first_token], device=self.anchors.device)))
+        self.outputs.append([first_token])
+        return len(self.outputs) - 1
+
+    def reorder(self, order: Sequence[int]) -> None:
+        """Keep the requests of the old slots ``order``, new slot i holding old slot ``order[i]``: their anchors,
+        outputs and the policy's per-request memory move along; the caches' rows are the caller's to move."""
+        assert self.anchors is not None, "attach(num_slots, max_tokens) first"
+        self.anchors = self.anchors[torch.as_tensor(order, dtype=torch.long, device=self.anchors.device)]
+        self.outputs = [self.outputs[s] for s in order]
+        smoothed = {new: self.memory.smoothed[old] for new, old in enumerate(order) if old in self.memory.smoothed}
+        self.memory = PolicyMemory(self.memory.pools, MappingProxyType(smoothed))
 
     @torch.inference_mode()
     def step(self, rng: np.random.Generator, generator: torch.Generator,
