@@ -15,10 +15,10 @@ verified block, the log the simulator replays in order (``drafter.log_order=walk
 Its tau is then a mean over every position of the text, not over the steps ``mtp<gamma>``
 takes, so it is not Table 1's figure.
 
-``--prompt-sigma S`` draws each prompt's length from a lognormal around ``--prompt-tokens`` (sigma S, at most four
-times the median, as the simulator's traffic draws lengths) instead of giving every prompt that length, so that a
-dense log's blocks follow prompts as varied as a traffic's; outputs still run to ``--new-tokens``, so every
-request has a block at every position up to it.
+``--prompt-sigma S`` draws each prompt's length from a lognormal around ``--prompt-tokens`` (sigma S, rounded up
+as the simulator's traffic rounds lengths, at most four times the median as ``calibration.validate`` truncates its
+prompts) instead of giving every prompt that length, so that a dense log's blocks follow prompts as varied as a
+traffic's; outputs still run to ``--new-tokens``, so every request has a block at every position up to it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int
 
 def prompt_lengths(median_tokens: int, sigma: float, num_prompts: int, rng: np.random.Generator) -> int | np.ndarray:
     """Prompt lengths: ``median_tokens`` each when ``sigma`` is 0 (nothing drawn), else lognormal around it with that
-    sigma, rounded up and at most four times the median (the simulator's traffic's default limit)."""
+    sigma, rounded up and at most four times the median (``calibration.validate``'s default prompt limit)."""
     if sigma == 0.0:
         return median_tokens
     drawn = np.ceil(median_tokens * np.exp(sigma * rng.standard_normal(num_prompts)))
