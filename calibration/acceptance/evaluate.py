@@ -40,6 +40,7 @@ from calibration.training.train import TrainConfig, heldout_report
 from policies import make_policy
 from simulator.acceptance.logs import AcceptanceRecorder, summary, write_log
 from simulator.acceptance.presets import TABLE1_QWEN3_4B, preset
+from traces.synthetic import LengthSpec, RequestSampler, TrafficSpec
 from traces.workload import DOMAINS
 
 
@@ -67,12 +68,14 @@ def decode_and_record(target: Verifier, drafter: Drafter, prompts: list[list[int
 
 
 def prompt_lengths(median_tokens: int, sigma: float, num_prompts: int, rng: np.random.Generator) -> int | np.ndarray:
-    """Prompt lengths: ``median_tokens`` each when ``sigma`` is 0 (nothing drawn), else lognormal around it with that
-    sigma, rounded up and at most four times the median (``calibration.validate``'s default prompt limit)."""
+    """Prompt lengths: ``median_tokens`` each when ``sigma`` is 0 (nothing drawn), else drawn by the simulator's
+    traffic sampler (lognormal around the median with that sigma, rounded up), at most four times the median
+    (``calibration.validate``'s default prompt limit)."""
     if sigma == 0.0:
         return median_tokens
-    drawn = np.ceil(median_tokens * np.exp(sigma * rng.standard_normal(num_prompts)))
-    return np.minimum(drawn, 4 * median_tokens).astype(np.int64)
+    spec = TrafficSpec(domain_mix={"chat": 1.0}, max_prompt_tokens=4 * median_tokens,
+                       lengths={d: LengthSpec(median_tokens, sigma, 1.0, 0.0) for d in DOMAINS})
+    return RequestSampler(spec).sample(rng, num_prompts)[1]  # the outputs' lengths are not used
 
 
 def paper_tables(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
