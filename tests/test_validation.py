@@ -238,11 +238,13 @@ def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
         slot = batch.join(rid, staged)
         assert staged.verifier_k.shape[2] == n and batch.outputs[slot] == [staged.first_token]
         assert all(torch.equal(a, b) for a, b in zip(batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot),
-                                                     (staged.verifier_k, staged.verifier_v, staged.drafter_k,
-                                                      staged.drafter_v), strict=True))
+                                                     (staged.verifier_k, staged.verifier_v, staged.drafter.k,
+                                                      staged.drafter.v), strict=True))
+        assert torch.equal(batch.drafter.last_feature[slot], staged.drafter.last_feature)
     batch.step(rng, torch.Generator().manual_seed(0))
     before = {rid: (list(out), int(batch.decoder.cache.lengths[slot]), int(batch.decoder.anchors[slot]),
-                    batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot))
+                    batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot),
+                    batch.drafter.last_feature[slot].clone())
               for slot, (rid, out) in enumerate(zip(batch.request_ids, batch.outputs, strict=True))}
     batch.leave([0, 2])  # the two highest slots fill the holes
     assert batch.request_ids == [13, 11]
@@ -253,6 +255,7 @@ def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
         assert int(batch.decoder.anchors[slot]) == before[rid][2]
         moved = batch.decoder.cache.rows(slot) + batch.drafter.cache.rows(slot)
         assert all(torch.equal(a, b) for a, b in zip(moved, before[rid][3], strict=True))
+        assert torch.equal(batch.drafter.last_feature[slot], before[rid][4])
     assert batch.decoder.cache.lengths[2:].tolist() == [0, 0]
     record, timing = batch.step(rng, torch.Generator().manual_seed(1))
     assert record.lengths.tolist() == [2, 2] and timing.total_s >= timing.draft_s + timing.verify_s

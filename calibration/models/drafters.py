@@ -54,6 +54,15 @@ def softmax_t(logits: Tensor, temperature: float) -> Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
+@dataclass(frozen=True)
+class SlotContext:
+    """One request's drafter context: its KV rows and the raw feature of its last committed token."""
+
+    k: Tensor  # [drafter layers, Hkv, n, d]
+    v: Tensor  # [drafter layers, Hkv, n, d]
+    last_feature: Tensor  # [feature_dim]
+
+
 class Drafter(nn.Module):
     """Shared machinery: feature projection, context KV cache, attention over [context; block]."""
 
@@ -96,7 +105,10 @@ class Drafter(nn.Module):
 
     def extend_context(self, slots: list[int] | Tensor, features: Tensor, counts: list[int] | Tensor) -> None:
         """Append committed tokens: ``features [T, feature_dim]``, ``counts[r]`` rows for slot ``slots[r]``."""
-        cache = self._cache()
+        self._write_context(self._cache(), self.last_feature, slots, features, counts)  # type: ignore[arg-type]
+
+    def _write_context(self, cache: KVCache, last_feature: Tensor, slots: list[int] | Tensor, features: Tensor,
+                       counts: list[int] | Tensor) -> None:
         batch = cache.batch(slots, counts)
         ctx = self.fc(features)  # [T, h]
         for i, layer in enumerate(self.layers):
@@ -104,8 +116,36 @@ class Drafter(nn.Module):
             cache.k[i][batch.token_slots, :, batch.positions] = k
             cache.v[i][batch.token_slots, :, batch.positions] = v
         last_rows = torch.cumsum(batch.query_lens, 0) - 1
-        self.last_feature[batch.slots] = features[last_rows.to(features.device)]
+        last_feature[batch.slots] = features[last_rows.to(features.device)]
         cache.commit(slots, counts)
+
+    # ------------------------------------------------------ one slot's context (a serving loop's requests)
+    def staged_context(self, features: Tensor) -> SlotContext:
+        """One prompt's context built outside the drafter's cache from its target ``features [n, feature_dim]``:
+        what :meth:`load_slot` puts into a slot when the request joins a batch."""
+        p = self.fc.weight
+        cache = KVCache(self.s, len(self.layers), 1, features.shape[0], p.device, p.dtype)
+        last_feature = torch.zeros(1, self.fc.in_features, device=p.device, dtype=p.dtype)
+        self._write_context(cache, last_feature, [0], features, [features.shape[0]])
+        return SlotContext(*cache.rows(0), last_feature[0])
+
+    def slot_context(self, slot: int) -> SlotContext:
+        """Copies of slot ``slot``'s context rows and last feature."""
+        return SlotContext(*self._cache().rows(slot), self.last_feature[slot].clone())  # type: ignore[index]
+
+    def load_slot(self, slot: int, context: SlotContext) -> None:
+        """Slot ``slot`` holds exactly ``context``."""
+        self._cache().write(slot, context.k, context.v)
+        self.last_feature[slot] = context.last_feature  # type: ignore[index]
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Slot ``dst`` takes slot ``src``'s context (``src`` keeps it until it is reused)."""
+        self._cache().move(src, dst)
+        self.last_feature[dst] = self.last_feature[src]  # type: ignore[index]
+
+    def clear_slots(self, slots: slice | list[int]) -> None:
+        """Empty ``slots`` (their rows are overwritten by whoever uses them next)."""
+        self._cache().lengths[slots] = 0
 
     def _attend(self, i: int, x: Tensor, positions: Tensor, slots: Tensor, block_k: Tensor,
                 block_v: Tensor, block_mask: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from calibration.models.drafters import Drafter, softmax_t
+from calibration.models.drafters import Drafter, SlotContext, softmax_t
 from calibration.models.model import Verifier
 from calibration.serving.specdec import ChunkFill, ContextCost, PrefillChunk, SpeculativeDecoder, StepRecord
 from policies.base import Policy
@@ -91,9 +91,7 @@ class Prefilled:
     first_token: int
     verifier_k: torch.Tensor  # [layers, Hkv, n, d]
     verifier_v: torch.Tensor
-    drafter_k: torch.Tensor  # [drafter layers, Hkv, n, d]
-    drafter_v: torch.Tensor
-    last_feature: torch.Tensor  # [feature_dim] the drafter's feature of the last prompt token
+    drafter: SlotContext  # the drafter's context rows and the feature of the last prompt token
 
 
 @dataclass(frozen=True)
@@ -161,16 +159,7 @@ class LiveBatch:
         cache.commit([0], [n])
         probs = softmax_t(out.logits[-1], self.temperature).double().cpu().numpy()
         first = sample_token(probs / probs.sum(), rng)
-        drafter = self.drafter
-        saved = drafter.cache, drafter.last_feature
-        try:  # build the drafter's context rows in a one-slot staging cache
-            drafter.new_cache(1, n)
-            drafter.extend_context([0], drafter.features_of(out), [n])
-            dk, dv = drafter.cache.rows(0)  # type: ignore[union-attr]
-            last = drafter.last_feature[0].clone()  # type: ignore[index]
-        finally:
-            drafter.cache, drafter.last_feature = saved
-        return Prefilled(n, first, *cache.rows(0), dk, dv, last)
+        return Prefilled(n, first, *cache.rows(0), self.drafter.staged_context(self.drafter.features_of(out)))
 
     @torch.inference_mode()
     def join(self, request_id: int, staged: Prefilled) -> int:
@@ -179,8 +168,7 @@ class LiveBatch:
         if slot >= self.max_requests:
             raise RuntimeError(f"the batch is full ({self.max_requests} requests)")
         self.decoder.cache.write(slot, staged.verifier_k, staged.verifier_v)
-        self.drafter.cache.write(slot, staged.drafter_k, staged.drafter_v)  # type: ignore[union-attr]
-        self.drafter.last_feature[slot] = staged.last_feature  # type: ignore[index]
+        self.drafter.load_slot(slot, staged.drafter)
         self.decoder.admit(staged.first_token)
         self.request_ids.append(request_id)
         return slot
@@ -209,7 +197,7 @@ class LiveBatch:
             raise RuntimeError("no free prefill slot")
         slot = self.free_prefill_slots.pop(0)
         self.decoder.cache.lengths[slot] = 0
-        self.drafter.cache.lengths[slot] = 0  # type: ignore[union-attr]
+        self.drafter.clear_slots([slot])
         return slot
 
     def chunk_step(self, chunks: Sequence[PrefillChunk], rng: np.random.Generator) -> tuple[tuple, StepTiming]:
@@ -224,10 +212,8 @@ class LiveBatch:
     def close_prefill(self, slot: int, first_token: int) -> Prefilled:
         """The prompt computed in prefill slot ``slot`` as a :class:`Prefilled` request (ready to :meth:`join`); the
         slot is freed."""
-        drafter_cache = self.drafter.cache
-        assert drafter_cache is not None and self.drafter.last_feature is not None
         staged = Prefilled(int(self.decoder.cache.lengths[slot]), first_token, *self.decoder.cache.rows(slot),
-                           *drafter_cache.rows(slot), self.drafter.last_feature[slot].clone())
+                           self.drafter.slot_context(slot))
         self.free_prefill_slots.append(slot)
         return staged
 
@@ -248,10 +234,9 @@ class LiveBatch:
             order[dst] = src
         self.decoder.reorder(order)
         self.request_ids = [self.request_ids[s] for s in order]
-        for cache in (self.decoder.cache, self.drafter.cache):
-            cache.lengths[size:num] = 0
+        self.decoder.cache.lengths[size:num] = 0
+        self.drafter.clear_slots(slice(size, num))
 
     def _move(self, src: int, dst: int) -> None:
-        for cache in (self.decoder.cache, self.drafter.cache):
-            cache.move(src, dst)  # type: ignore[union-attr]
-        self.drafter.last_feature[dst] = self.drafter.last_feature[src]  # type: ignore[index]
+        self.decoder.cache.move(src, dst)
+        self.drafter.move_slot(src, dst)
