@@ -94,9 +94,13 @@ class Drafter(nn.Module):
         return out.hidden if self.uses_hidden else out.features
 
     def new_cache(self, num_slots: int, max_tokens: int) -> None:
+        self.cache, self.last_feature = self._empty_context(num_slots, max_tokens)
+
+    def _empty_context(self, num_slots: int, max_tokens: int) -> tuple[KVCache, Tensor]:
+        """A context cache of ``num_slots`` slots and their last-feature rows ``[num_slots, feature_dim]``."""
         p = self.fc.weight
-        self.cache = KVCache(self.s, len(self.layers), num_slots, max_tokens, p.device, p.dtype)
-        self.last_feature = torch.zeros(num_slots, self.fc.in_features, device=p.device, dtype=p.dtype)
+        return (KVCache(self.s, len(self.layers), num_slots, max_tokens, p.device, p.dtype),
+                torch.zeros(num_slots, self.fc.in_features, device=p.device, dtype=p.dtype))
 
     def _cache(self) -> KVCache:
         if self.cache is None or self.last_feature is None:
@@ -123,9 +127,7 @@ class Drafter(nn.Module):
     def staged_context(self, features: Tensor) -> SlotContext:
         """One prompt's context built outside the drafter's cache from its target ``features [n, feature_dim]``:
         what :meth:`load_slot` puts into a slot when the request joins a batch."""
-        p = self.fc.weight
-        cache = KVCache(self.s, len(self.layers), 1, features.shape[0], p.device, p.dtype)
-        last_feature = torch.zeros(1, self.fc.in_features, device=p.device, dtype=p.dtype)
+        cache, last_feature = self._empty_context(1, features.shape[0])
         self._write_context(cache, last_feature, [0], features, [features.shape[0]])
         return SlotContext(*cache.rows(0), last_feature[0])
 
