@@ -1,14 +1,17 @@
-"""The per-policy step probe runs again, longer, when its batch was never full after the first prefills; every
-loop probe runs in proportion to R above 2 users; a policy's excess is charged per probed R."""
+"""The per-policy step probe and the shared loop-cost probes run again, longer, when their batch was seldom full
+after the first prefills; every loop probe runs in proportion to R above 2 users; a policy's excess is charged per
+probed R."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.profiling import policy_steps
+from calibration.profiling import loop_costs, policy_steps
 from traces.synthetic import LengthSpec
 
 LENGTHS = LengthSpec(prompt_median_tokens=2048, prompt_sigma=0.0, output_median_tokens=64, output_sigma=0.0)
@@ -17,22 +20,25 @@ FULL_STEP = {"num_requests": 4, "batch_tokens": 12, "max_verified_tokens": 2, "c
 DRAFTER = SimpleNamespace(kind="dspark")  # the loop run is stood in for: only the drafter's kind is read
 
 
-def _probe(full_after: int, calls: list[float]):
-    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then one."""
+def _probe(full_after: int, calls: list[float], count: int = policy_steps.MIN_FULL_BATCH_STEPS):
+    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then ``count``."""
     def run(verifier, drafter, profile, name, gamma, users, traffic, duration_s, warmup_s, seed, clock):
         calls.append(duration_s - warmup_s)  # how long it ran after the ramp and warm-up
-        return pd.DataFrame([FULL_STEP] * (len(calls) > full_after), columns=list(FULL_STEP))
+        return pd.DataFrame([FULL_STEP] * (count if len(calls) > full_after else 0), columns=list(FULL_STEP))
     return run
 
 
-@pytest.mark.parametrize(("full_after", "stretches"), [(0, [1]), (1, [1, 2]), (2, [1, 2, 4])])
-def test_a_probe_without_a_full_batch_runs_again_longer(monkeypatch, default_profile, full_after, stretches):
+@pytest.mark.parametrize(("full_after", "count", "stretches"),
+                         [(0, 20, [1]), (1, 20, [1, 2]), (2, 20, [1, 2, 4]), (0, 19, [1, 2, 4]), (0, 1, [1, 2, 4])])
+def test_a_probe_with_few_full_batch_steps_runs_again_longer(monkeypatch, default_profile, full_after, count,
+                                                             stretches):
+    """Below MIN_FULL_BATCH_STEPS (20) the probe runs again for longer; after the longest run, any step will do."""
     calls: list[float] = []
-    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(full_after, calls))
+    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(full_after, calls, count))
     out = policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
                                             duration_s=0.8, warmup_s=0.2)
     assert calls == pytest.approx([1.6 * k - 0.2 for k in stretches])  # 4 users: twice the 0.8 s of 1-2 users
-    assert out["greedy"].num_steps == 1
+    assert out["greedy"].num_steps == count
 
 
 def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):
@@ -41,6 +47,38 @@ def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):
                                          r"the first prefills; lengthen it \(duration_s\)"):
         policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
                                           duration_s=0.8, warmup_s=0.2)
+
+
+def _loop_run(full_for: type | None, calls: list[float]):
+    """A stand-in for the loop-cost probe's serving run at 4 users: its batch is full only in the runs of
+    ``full_for`` policies (none: never)."""
+    def serve(spec, models):
+        calls.append(spec.duration_s - spec.warmup_s)
+        users = 4 if full_for is not None and isinstance(spec.policy, full_for) else 3
+        start_s = 10.0 + 0.1 * np.arange(policy_steps.MIN_FULL_BATCH_STEPS)
+        steps = pd.DataFrame({"start_at": start_s, "end_at": start_s + 0.05, "wait_s": 0.0, "num_requests": users})
+        requests = pd.DataFrame({"first_token_at": [0.1], "prefill_start_at": [0.0], "prompt_tokens": [2048]})
+        return SimpleNamespace(steps=steps, requests=requests)
+    return serve
+
+
+@pytest.mark.parametrize(("full_for", "missing"), [
+    (None, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'varlen-probe')]"),
+    # the variable-length probe's steps do not stand in for mtp3's draft factor (they once left it NaN)
+    (loop_costs.VariableLength, "[(4, 'mtp1'), (4, 'mtp3')]"),
+])
+def test_a_loop_cost_probe_never_full_runs_longer_then_names_what_is_missing(monkeypatch, default_profile, full_for,
+                                                                             missing):
+    calls: list[float] = []
+    monkeypatch.setattr(loop_costs, "serve", _loop_run(full_for, calls))
+    verifier = SimpleNamespace(s=SimpleNamespace(vocab_size=256))
+    with pytest.raises(ValueError, match=re.escape(f"the loop probe ran no step with a full batch at (users, probe) "
+                                                   f"{missing}, even 4 times as long after the first prefills")):
+        loop_costs.measure_loop_costs(verifier, DRAFTER, 3, (4,), default_profile, LENGTHS, duration_s=0.8,
+                                      warmup_s=0.2)
+    ran_full = 1 if full_for is not None else 0  # the variable-length probe stops at its first run when full
+    assert len(calls) == 3 * 3 - 2 * ran_full
+    assert calls[:3] == pytest.approx([1.6 * k - 0.2 for k in (1, 2, 4)])
 
 
 def test_probes_run_in_proportion_to_the_users_above_two():

@@ -25,6 +25,7 @@ from calibration.validation.points import (
     slice_drifts,
 )
 from calibration.validation.report import (
+    STEADY_MAX_PROFILE_PRICE_SE,
     drift_note,
     kept_slices,
     machine_verdict,
@@ -154,7 +155,7 @@ def _points(slices_kept: list[int], slices: int = 5) -> pd.DataFrame:
                          "throughput_err": 0.01, "tpu_mean_err": 0.02, "throughput_ci": 0.01, "tpu_mean_ci": 0.01})
 
 
-def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(tmp_path, capsys) -> None:
+def test_machine_verdict_flags_refused_slices_spoiled_points_and_disagreeing_profile_passes(tmp_path, capsys) -> None:
     assert machine_verdict(_points([5] * 12)) is None
     assert machine_verdict(_points([5] * 6 + [4] * 6)) is None  # 6 of 60 refused: the 10% limit itself
     verdict = machine_verdict(_points([5] * 5 + [4] * 7))  # 7 of 60
@@ -162,6 +163,17 @@ def test_machine_verdict_flags_runs_that_refused_many_slices_or_spoiled_a_point(
     verdict = machine_verdict(_points([5] * 11 + [2]))  # 3 of 60, but a point spoiled
     assert verdict is not None and "1 point(s) spoiled" in verdict
     assert machine_verdict(_points([5] * 4).drop(columns="slices_kept")) is None  # no drift screening
+    # profile passes that disagree: their mean price error over the reported points, against 2% / sqrt(2 / pi)
+    assert STEADY_MAX_PROFILE_PRICE_SE == pytest.approx(0.02507, abs=1e-5)
+    assert machine_verdict(_points([5] * 4).assign(profile_price_se=[0.02, 0.03, 0.02, 0.03])) is None  # 2.5%
+    verdict = machine_verdict(_points([5] * 4).assign(profile_price_se=[0.02, 0.03, 0.02, 0.032]))
+    assert verdict is not None and "mean standard error of 2.55% (above 2.51%" in verdict and "refused" not in verdict
+    spoiled_point = _points([5, 5, 5, 2]).assign(profile_price_se=[0.02, 0.02, 0.02, 0.2])
+    spoiled_point.loc[3, "throughput_err"] = np.nan
+    verdict = machine_verdict(spoiled_point)  # the spoiled point's price error is not the run's
+    assert verdict is not None and "1 point(s) spoiled" in verdict and "standard error" not in verdict
+    verdict = machine_verdict(_points([5] * 5 + [4] * 7).assign(profile_price_se=0.04))
+    assert verdict is not None and "7 of 60 slices refused" in verdict and "standard error of 4.00%" in verdict
     steady, unsteady = tmp_path / "steady", tmp_path / "unsteady"
     for d, kept in ((steady, [5] * 4), (unsteady, [5, 3, 3, 5])):
         d.mkdir()

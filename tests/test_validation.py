@@ -23,6 +23,7 @@ import torch
 from calibration.models.drafters import build_drafter
 from calibration.models.model import Verifier
 from calibration.profiling.decision_cost import measure_scheduler
+from calibration.profiling.step_prices import step_cost_ratio
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.specdec import ContextCost, prefill_groups
@@ -344,6 +345,15 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     assert (table["profile_price_se"] > 0).all() and (table["profile_price_se"] < 0.5).all()
     for name in TARGET_METRICS:
         assert (table[f"{name}_ci"] > table[f"{name}_slice_ci"]).all()
+    # both passes are written; measured over their mean price is the harmonic mean of their own ratios
+    passes = [load_profile(out / "profile_passes" / f"pass{k}.json") for k in (1, 2)]
+    assert not (out / "profile_passes" / "pass3.json").exists()
+    assert passes[0].raw == result.pricing.raw and passes[1].raw == result.passes[1].raw
+    point = table[(table["policy"] == "greedy") & (table["num_users"] == 4)].iloc[0]
+    real = result.real[("greedy", 4)]
+    own = [step_cost_ratio([part.steps for part in real], p, "dspark", "greedy", 7, 0.3,
+                           make_policy("greedy").synchronous) for p in passes]
+    assert point["step_cost_ratio_passes_mean"] == pytest.approx(2 / (1 / own[0] + 1 / own[1]))
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked). No slice is refused here
     # (--drift-tolerance 10: with two slices per point, an unsteady machine once spoiled 4 of the 6 points and
     # the test checked two); each point gets room for its measured drift instead (the refusal rule:

@@ -66,7 +66,13 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.decision_cost import measure_scheduler
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
 from calibration.profiling.mixed_steps import measure_mixed_steps
-from calibration.profiling.policy_steps import PROBE_SEED_OFFSET, measure_policy_steps, probe_duration_s
+from calibration.profiling.policy_steps import (
+    MIN_FULL_BATCH_STEPS,
+    PROBE_SEED_OFFSET,
+    PROBE_STRETCHES,
+    measure_policy_steps,
+    probe_duration_s,
+)
 from calibration.profiling.step_prices import batch_contexts
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
@@ -196,9 +202,13 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
         for policy, k in probes:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
-            result = serve(ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed, clock=clock,
-                                       duration_s=probe_duration_s(duration_s, r) + ramp_s,
-                                       warmup_s=warmup_s + ramp_s), models)
+            for stretch in PROBE_STRETCHES:  # longer while the batch is seldom full (MIN_FULL_BATCH_STEPS)
+                result = serve(ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed,
+                                           clock=clock, duration_s=stretch * probe_duration_s(duration_s, r) + ramp_s,
+                                           warmup_s=warmup_s + ramp_s), models)
+                full = (result.steps["start_at"] >= warmup_s + ramp_s) & (result.steps["num_requests"] == r)
+                if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
+                    break
             done = result.requests.dropna(subset=["first_token_at"])
             prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
             prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
@@ -212,10 +222,13 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is prefilled again;
     # those would price R = r with a smaller batch's costs.
     s = s[s["num_requests"] == s["users"]]
-    missing = [(r, k) for r in probed for k in gammas if not ((s["users"] == r) & (s["draft_tokens"] == k)).any()]
+    # every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs steps
+    ran = set(zip(s["users"], s["draft_tokens"], s["static"], strict=True))
+    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
+               for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
     if missing:
-        raise ValueError(f"the loop probe ran no step with a full batch at (users, draft tokens) {missing}; "
-                         "lengthen the probe (duration_s)")
+        raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
+                         f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
                                          s["max_context_tokens"], strict=True)])

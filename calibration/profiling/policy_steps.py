@@ -49,6 +49,12 @@ from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
 
 PROBE_SEED_OFFSET = 7919  # the policy probe's seed: the profile's seed + this, apart from the validated runs' seeds
+# With long prompts and short outputs the batch is full only now and then (a request that finishes is away for
+# its next prefill; at 8 users and 2k-token prompts one 3.7 s loop probe of mtp1 held no full-batch step): a
+# serving-loop probe with fewer full-batch steps than this runs again, the same requests for longer (the
+# stretches: times its length after the ramp), and fails only with none at all after the longest.
+MIN_FULL_BATCH_STEPS = 20
+PROBE_STRETCHES = (1, 2, 4)
 
 
 def probe_duration_s(duration_s: float, num_users: int) -> float:
@@ -125,17 +131,14 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
         frames = []
         for r in probed:
             ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
-            # With long prompts and short outputs the first requests may finish before the last first prefill
-            # does, so the batch is full only now and then: a probe without a full-batch step runs again, the
-            # same requests for longer (twice, then four times as long after the ramp).
-            for stretch in (1, 2, 4):
+            for stretch in PROBE_STRETCHES:
                 steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
                                      stretch * probe_duration_s(duration_s, r) + ramp_s, warmup_s + ramp_s,
                                      seed + PROBE_SEED_OFFSET, clock)
-                if not steps.empty:
+                if len(steps) >= MIN_FULL_BATCH_STEPS:
                     break
             if steps.empty:
-                longest_s = 4 * probe_duration_s(duration_s, r)
+                longest_s = PROBE_STRETCHES[-1] * probe_duration_s(duration_s, r)
                 raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {longest_s:g} "
                                  "s after the first prefills; lengthen it (duration_s)")
             priced = priced_steps_s(steps, profile, drafter.kind, name, g)

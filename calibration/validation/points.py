@@ -186,7 +186,10 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
                     draft_tokens=policy.draft_tokens(cfg.gamma), warmup_s=cfg.warmup_s,
                     synchronous=policy.synchronous, chunks=[reals[k].chunks for k in use])
     row["step_cost_ratio"] = ratio(profile=profile)
-    row["profile_price_se"] = profile_price_se([ratio(profile=p) for p in passes])
+    pass_ratios = np.array([ratio(profile=p) for p in passes])
+    row["profile_price_se"] = profile_price_se(pass_ratios)
+    # measured over the passes' mean price (the median above leaves out slow spells that the real slices pay)
+    row["step_cost_ratio_passes_mean"] = float(1.0 / np.mean(1.0 / pass_ratios)) if pass_ratios.size else np.nan
     for name in TARGET_METRICS:
         row[f"{name}_slice_ci"] = row[f"{name}_ci"]
         if np.isfinite(row["profile_price_se"]):

@@ -109,6 +109,7 @@ class Validation:
     slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
     probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
     pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
+    passes: tuple[HardwareProfile, ...] = ()  # every profile pass, in order (the profile is their median)
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -146,7 +147,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows), probes, pricing)
+                      pd.DataFrame(slice_rows), probes, pricing, tuple(passes))
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -236,15 +237,18 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
 
 
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
-    """profile.json, pricing_profile.json, acceptance_log_g<draft tokens>.parquet, points.csv, validation.md,
-    frontier.png and the real tables (requests, steps and, chunked, the prefill chunks:
-    ``real_<policy>_u<users>_<table>.parquet``)."""
+    """profile.json, pricing_profile.json, profile_passes/pass<k>.json (with two passes or more),
+    acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real tables (requests,
+    steps and, chunked, the prefill chunks: ``real_<policy>_u<users>_<table>.parquet``)."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
     write_profile(result.profile.raw, paths["profile"])
     if result.pricing is not None:  # with the logs and config.json, what re-simulates every point exactly
         paths["pricing"] = write_profile(result.pricing.raw, out / "pricing_profile.json")
+    if len(result.passes) > 1:  # what the median came from: each pass's own prices (points.csv's *_passes_mean)
+        for k, measured_pass in enumerate(result.passes, start=1):
+            write_profile(measured_pass.raw, out / "profile_passes" / f"pass{k}.json")
     for num_draft, log in result.logs.items():
         paths[f"log_g{num_draft}"] = write_log(log, out / f"acceptance_log_g{num_draft}.parquet")
     result.table.to_csv(paths["points"], index=False)
