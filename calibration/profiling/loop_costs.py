@@ -13,7 +13,8 @@ loop itself with static policies (``mtp1`` and ``mtp<gamma>``) and with
 change every step, as a dynamic policy's do; random prompts, the workload's
 lengths) at several concurrencies R, longer by the R first prefills that fill the
 batch and in proportion to R above 2 (:func:`~calibration.profiling.policy_steps.probe_duration_s`: about as
-many steps at every R), and measures on the steps with the whole batch, as **means** (throughput
+many steps at every R; a probe with fewer than ``MIN_FULL_BATCH_STEPS`` steps of the whole batch runs again for
+longer, as the per-policy probe does), and measures on the steps with the whole batch, as **means** (throughput
 is tokens over the sum of step times; a CPU's step times have a right tail, steps
 up to 2x slower in every part while another job shares the core, that a median
 would leave out):

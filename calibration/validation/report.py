@@ -221,8 +221,8 @@ def too_many_refused(refused: int, slices: int) -> bool:
 # A run whose profile passes disagree this much about the price of its points' real steps (``profile_price_se``,
 # averaged over the reported points) measured a machine too unsteady for the validation's 2% mean-error target:
 # that error alone would give an exact simulator a mean |error| of sqrt(2 / pi) times it, 2% at this value
-# (2.507%). On the 2-core VM three runs of 2026-12-02 that refused only 1-5 of 60 slices read 2.51-4.66% and came
-# out 2.6-4.5% off on average (docs/validation_runs.md).
+# (2.507%). On the 2-core VM six runs of 2026-12-02 that refused only 0-5 of 60 slices read 2.51-4.66% and came
+# out 2.2-4.5% off on average (docs/validation_runs.md).
 STEADY_MAX_PROFILE_PRICE_SE = 0.02 / float(np.sqrt(2 / np.pi))
 
 
