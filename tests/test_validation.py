@@ -413,6 +413,21 @@ def test_stop_when_unsteady_ends_the_run_after_the_round_with_exit_code_3(tmp_pa
     assert json.loads((tmp_path / "out" / "config.json").read_text())["stop_when_unsteady"] is True
 
 
+@pytest.mark.slow  # ~30 s: acceptance logs, a profile pass and a round of real slices
+def test_stop_when_unsteady_reports_a_run_that_reached_its_last_round(tmp_path, capsys) -> None:
+    """The same impossible tolerance in a one-round run: after the last round there is nothing left to save, so the
+    run writes its report, every point refused and the verdict on top, instead of stopping without one."""
+    main(["--models", "random", "--users", "1,2", "--policies", "mtp1", "--duration-s", "2", "--rounds", "1",
+          "--warmup-s", "0.3", "--profile-repeats", "1", "--log-requests", "4", "--drift-tolerance", "1e-9",
+          "--stop-when-unsteady", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert not [line for line in err.splitlines() if line.startswith("error:")]
+    assert "round 1/1: 2 of 2 slices" in err and "saves the wait" not in err  # nothing left to save by stopping
+    report = (tmp_path / "out" / "validation.md").read_text()
+    assert report.startswith("MACHINE NOT STEADY: 2 of 2 slices refused for drift")
+    assert pd.read_csv(tmp_path / "out" / "points.csv")["spoiled"].all()
+
+
 def test_a_single_user_sweep_profiles_two_batch_sizes_for_the_decisions_line() -> None:
     """mtp drafts one token, so its decisions' line over R x g needs two R: one user once stopped in profiling."""
     cfg, _ = parse_args(["--users", "1", "--policies", "mtp1"])

@@ -127,7 +127,8 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
                                                 cfg.drift_tolerance, cfg.rounds)
     if too_many_refused(beyond, drifts.size) or decided:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
-                 "the machine is unsteady now, stopping and rerunning on a quiet machine saves the wait")
+                 "the machine is unsteady now" + (", stopping and rerunning on a quiet machine saves the wait"
+                                                  if rounds_done < cfg.rounds else ""))
     if decided:
         text += (f" (already decided, whatever the later profile passes read: at least {least} of the run's "
                  f"{whole_run} slices refused"

@@ -230,7 +230,7 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
         probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
         line, unsteady = round_progress(probes, cfg, round_idx + 1)
         progress(line)
-        if unsteady and cfg.stop_when_unsteady:
+        if unsteady and cfg.stop_when_unsteady and round_idx + 1 < cfg.rounds:  # the last round: report it
             raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}",
                                    probes)
     return passes, reals
@@ -368,7 +368,8 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                         "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
                    help="stop (exit code 3) after a round once its drifted slices make a MACHINE NOT STEADY report "
-                        "certain, whatever the later profile passes read; probes.csv keeps the timings so far")
+                        "certain, whatever the later profile passes read; probes.csv keeps the timings so far (after "
+                        "the last round nothing is left to save: the run reports, under that verdict)")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
