@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -203,13 +203,10 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
         for policy, k in probes:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
-            for stretch in PROBE_STRETCHES:  # longer while the batch is seldom full (MIN_FULL_BATCH_STEPS)
-                result = serve(ServingSpec(policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed,
-                                           clock=clock, duration_s=stretch * probe_duration_s(duration_s, r) + ramp_s,
-                                           warmup_s=warmup_s + ramp_s), models)
-                full = (result.steps["start_at"] >= warmup_s + ramp_s) & (result.steps["num_requests"] == r)
-                if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
-                    break
+            result = _probe_run(models, ServingSpec(
+                policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed, clock=clock,
+                duration_s=probe_duration_s(duration_s, r) + ramp_s, warmup_s=warmup_s + ramp_s),
+                probe_duration_s(duration_s, r))
             done = result.requests.dropna(subset=["first_token_at"])
             prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
             prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
@@ -223,13 +220,7 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is prefilled again;
     # those would price R = r with a smaller batch's costs.
     s = s[s["num_requests"] == s["users"]]
-    # every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs steps
-    ran = set(zip(s["users"], s["draft_tokens"], s["static"], strict=True))
-    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
-               for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
-    if missing:
-        raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
-                         f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")
+    _check_full_batches(s, probed, probes)
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
                                          s["max_context_tokens"], strict=True)])
@@ -257,6 +248,29 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
     return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]), prefill_factor,
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s))
+
+
+def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
+    """Every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs
+    full-batch ``steps`` (columns users, draft_tokens, static) at every probed R; a ValueError names those without."""
+    ran = set(zip(steps["users"], steps["draft_tokens"], steps["static"], strict=True))
+    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
+               for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
+    if missing:
+        raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
+                         f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")
+
+
+def _probe_run(models: ServingModels, spec: ServingSpec, probe_s: float) -> Any:
+    """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
+    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` steps with the whole batch after its
+    warm-up; the last run."""
+    for stretch in PROBE_STRETCHES:
+        result = serve(replace(spec, duration_s=spec.duration_s + (stretch - 1) * probe_s), models)
+        full = (result.steps["start_at"] >= spec.warmup_s) & (result.steps["num_requests"] == spec.traffic.num_users)
+        if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
+            break
+    return result
 
 
 def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,

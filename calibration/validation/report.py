@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats
 
+from simulator.costs import HardwareProfile
 from simulator.metrics import summarize
 
 # column -> (label, how to read it from a summary, unit scale for display)
@@ -251,6 +252,23 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
         return None
     return ("MACHINE NOT STEADY: " + "; ".join(reasons)
             + "; the errors mix the machine's drift with the simulator's: rerun on a quiet machine")
+
+
+def loop_costs_line(profile: HardwareProfile) -> str:
+    """The report's line on the serving-loop costs the profile holds (``metadata.loop_costs``)."""
+    loop = profile.metadata.get("loop_costs", {})
+    reqs, gammas = loop.get("num_requests", []), loop.get("draft_tokens", [])
+    factors = "; ".join(f"R={r}: " + "/".join(f"x{f:.2f}" for f in row)
+                        for r, row in zip(reqs, loop.get("draft_factor", []), strict=False))
+    extras = ", ".join(f"R={r}: {1e3 * e:+.2f} ms" for r, e in zip(reqs, loop.get("extra_per_request_s", []),
+                                                                   strict=False))
+    return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) {factors}; "
+            f"step residual {extras} + {1e6 * loop.get('extra_per_batch_token_s', float('nan')):.1f} us/"
+            f"{'decode' if profile.version >= 2 else 'batch'} token; "
+            f"prefill x{loop.get('prefill_factor', float('nan')):.3f}; of which host "
+            f"{1e3 * loop.get('host_fixed_s', float('nan')):.3f} ms/step + "
+            f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "
+            f"{1e6 * loop.get('host_per_verified_token_s', float('nan')):.1f} us/verified token")
 
 
 def _largest_note(table: pd.DataFrame, column: str, error: str, missing: str,

@@ -56,6 +56,7 @@ from calibration.validation.report import (
     MachineNotSteady,
     drift_note,
     frontier_figure,
+    loop_costs_line,
     machine_verdict,
     markdown_table,
     mean_abs_errors,
@@ -270,22 +271,10 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
 
 def report_text(result: Validation) -> str:
     cfg, worst = result.config, worst_errors(result.table)
-    loop = result.profile.metadata.get("loop_costs", {})
-    reqs, gammas = loop.get("num_requests", []), loop.get("draft_tokens", [])
-    factors = "; ".join(f"R={r}: " + "/".join(f"x{f:.2f}" for f in row)
-                        for r, row in zip(reqs, loop.get("draft_factor", []), strict=False))
-    extras = ", ".join(f"R={r}: {1e3 * e:+.2f} ms" for r, e in zip(reqs, loop.get("extra_per_request_s", []),
-                                                                   strict=False))
     lines = [
         f"models: {result.models}",
         f"machine: {device_name(torch.device('cpu'))}; profile: {result.profile.label}",
-        f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) {factors}; "
-        f"step residual {extras} + {1e6 * loop.get('extra_per_batch_token_s', float('nan')):.1f} us/"
-        f"{'decode' if result.profile.version >= 2 else 'batch'} token; "
-        f"prefill x{loop.get('prefill_factor', float('nan')):.3f}; of which host "
-        f"{1e3 * loop.get('host_fixed_s', float('nan')):.3f} ms/step + "
-        f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "
-        f"{1e6 * loop.get('host_per_verified_token_s', float('nan')):.1f} us/verified token",
+        loop_costs_line(result.profile),
         f"acceptance: {cfg.acceptance} of {cfg.log or 'a log recorded here'}; prefill: {cfg.prefill}; "
         f"traffic: closed loop, {cfg.domain}, prompt ~{cfg.prompt_tokens} (at most {cfg.max_prompt_tokens}), "
         f"output ~{cfg.output_tokens} tokens (lognormal sigma {cfg.length_sigma}); profile version "
