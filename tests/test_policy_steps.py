@@ -20,12 +20,19 @@ FULL_STEP = {"num_requests": 4, "batch_tokens": 12, "max_verified_tokens": 2, "c
 DRAFTER = SimpleNamespace(kind="dspark")  # the loop run is stood in for: only the drafter's kind is read
 
 
+VERIFIER = SimpleNamespace(s=SimpleNamespace(vocab_size=256))  # only its vocabulary is read (the probe's prompts)
+
+
 def _probe(full_after: int, calls: list[float], count: int = policy_steps.MIN_FULL_BATCH_STEPS):
-    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then ``count``."""
-    def run(verifier, drafter, profile, name, gamma, users, traffic, duration_s, warmup_s, seed, clock):
-        calls.append(duration_s - warmup_s)  # how long it ran after the ramp and warm-up
-        return pd.DataFrame([FULL_STEP] * (count if len(calls) > full_after else 0), columns=list(FULL_STEP))
-    return run
+    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then ``count`` after a
+    first step before the warm-up (whose end starts the first counted step's cycle)."""
+    def serve(spec, models):
+        calls.append(spec.duration_s - spec.warmup_s)  # how long it ran after the ramp and warm-up
+        full = count if len(calls) > full_after else 0
+        steps = pd.DataFrame([{**FULL_STEP, "num_requests": 3}] + [FULL_STEP] * full)
+        start_s = np.r_[0.0, spec.warmup_s + 0.1 * np.arange(full)]
+        return SimpleNamespace(steps=steps.assign(start_at=start_s, end_at=start_s + 0.05, wait_s=0.0))
+    return serve
 
 
 @pytest.mark.parametrize(("full_after", "count", "stretches"),
@@ -34,19 +41,19 @@ def test_a_probe_with_few_full_batch_steps_runs_again_longer(monkeypatch, defaul
                                                              stretches):
     """Below MIN_FULL_BATCH_STEPS (20) the probe runs again for longer; after the longest run, any step will do."""
     calls: list[float] = []
-    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(full_after, calls, count))
-    out = policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
-                                            duration_s=0.8, warmup_s=0.2)
+    monkeypatch.setattr(policy_steps, "serve", _probe(full_after, calls, count))
+    out = policy_steps.measure_policy_steps(VERIFIER, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS,
+                                            (4096, 128), duration_s=0.8, warmup_s=0.2)
     assert calls == pytest.approx([1.6 * k - 0.2 for k in stretches])  # 4 users: twice the 0.8 s of 1-2 users
     assert out["greedy"].num_steps == count
 
 
 def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):
-    monkeypatch.setattr(policy_steps, "_probe_steps", _probe(3, []))
+    monkeypatch.setattr(policy_steps, "serve", _probe(3, []))
     with pytest.raises(ValueError, match=r"the greedy step probe ran no full-batch step at 4 users, even 6\.4 s after "
                                          r"the first prefills; lengthen it \(duration_s\)"):
-        policy_steps.measure_policy_steps(None, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS, (4096, 128),
-                                          duration_s=0.8, warmup_s=0.2)
+        policy_steps.measure_policy_steps(VERIFIER, DRAFTER, 3, (4,), default_profile, ("greedy",), LENGTHS,
+                                          (4096, 128), duration_s=0.8, warmup_s=0.2)
 
 
 def _loop_run(full_for: type | None, calls: list[float]):
@@ -55,7 +62,7 @@ def _loop_run(full_for: type | None, calls: list[float]):
     def serve(spec, models):
         calls.append(spec.duration_s - spec.warmup_s)
         users = 4 if full_for is not None and isinstance(spec.policy, full_for) else 3
-        start_s = 10.0 + 0.1 * np.arange(policy_steps.MIN_FULL_BATCH_STEPS)
+        start_s = 10.0 + 0.1 * np.arange(policy_steps.MIN_FULL_BATCH_STEPS + 1)  # the first: no cycle yet
         steps = pd.DataFrame({"start_at": start_s, "end_at": start_s + 0.05, "wait_s": 0.0, "num_requests": users})
         requests = pd.DataFrame({"first_token_at": [0.1], "prefill_start_at": [0.0], "prompt_tokens": [2048]})
         return SimpleNamespace(steps=steps, requests=requests)
@@ -70,11 +77,10 @@ def _loop_run(full_for: type | None, calls: list[float]):
 def test_a_loop_cost_probe_never_full_runs_longer_then_names_what_is_missing(monkeypatch, default_profile, full_for,
                                                                              missing):
     calls: list[float] = []
-    monkeypatch.setattr(loop_costs, "serve", _loop_run(full_for, calls))
-    verifier = SimpleNamespace(s=SimpleNamespace(vocab_size=256))
+    monkeypatch.setattr(policy_steps, "serve", _loop_run(full_for, calls))
     with pytest.raises(ValueError, match=re.escape(f"the loop probe ran no step with a full batch at (users, probe) "
                                                    f"{missing}, even 4 times as long after the first prefills")):
-        loop_costs.measure_loop_costs(verifier, DRAFTER, 3, (4,), default_profile, LENGTHS, duration_s=0.8,
+        loop_costs.measure_loop_costs(VERIFIER, DRAFTER, 3, (4,), default_profile, LENGTHS, duration_s=0.8,
                                       warmup_s=0.2)
     ran_full = 1 if full_for is not None else 0  # the variable-length probe stops at its first run when full
     assert len(calls) == 3 * 3 - 2 * ran_full

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,14 +68,14 @@ from calibration.profiling.decision_cost import measure_scheduler
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
 from calibration.profiling.mixed_steps import measure_mixed_steps
 from calibration.profiling.policy_steps import (
-    MIN_FULL_BATCH_STEPS,
     PROBE_SEED_OFFSET,
     PROBE_STRETCHES,
     measure_policy_steps,
     probe_duration_s,
+    serve_stretched,
 )
 from calibration.profiling.step_prices import batch_contexts
-from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST, ContextCost
 from policies import make_policy
@@ -203,7 +203,7 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
         for policy, k in probes:
             traffic = TrafficSpec(arrival="closed", num_users=r, max_prompt_tokens=max_prompt,
                                   max_output_tokens=max_output, lengths={d: lengths for d in ("math", "code", "chat")})
-            result = _probe_run(models, ServingSpec(
+            result = serve_stretched(models, ServingSpec(
                 policy, gamma, traffic, EngineLimits(r, 1_000_000), seed=seed, clock=clock,
                 duration_s=probe_duration_s(duration_s, r) + ramp_s, warmup_s=warmup_s + ramp_s),
                 probe_duration_s(duration_s, r))
@@ -259,18 +259,6 @@ def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: li
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
                          f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")
-
-
-def _probe_run(models: ServingModels, spec: ServingSpec, probe_s: float) -> Any:
-    """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
-    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` steps with the whole batch after its
-    warm-up; the last run."""
-    for stretch in PROBE_STRETCHES:
-        result = serve(replace(spec, duration_s=spec.duration_s + (stretch - 1) * probe_s), models)
-        full = (result.steps["start_at"] >= spec.warmup_s) & (result.steps["num_requests"] == spec.traffic.num_users)
-        if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
-            break
-    return result
 
 
 def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,

@@ -30,8 +30,9 @@ prompts) and a seed offset from the validated runs' seeds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -95,16 +96,31 @@ def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> 
     return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
 
 
+def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float) -> Any:
+    """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
+    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` steps with the whole batch after its
+    warm-up (and a step before them: a cycle); the last run."""
+    for stretch in PROBE_STRETCHES:
+        result = serve(replace(spec, duration_s=spec.duration_s + (stretch - 1) * probe_s), models)
+        steps = result.steps
+        full = ((steps["start_at"] >= spec.warmup_s) & (steps["num_requests"] == spec.traffic.num_users)
+                & steps["end_at"].diff().notna())
+        if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
+            break
+    return result
+
+
 def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, name: str, gamma: int, users: int,
-                 traffic: TrafficSpec, duration_s: float, warmup_s: float, seed: int,
-                 clock: ClockKind) -> pd.DataFrame:
-    """The full-batch decode steps after warmup of one loop run of ``name`` at ``users``, with their cycles."""
+                 traffic: TrafficSpec, duration_s: float, warmup_s: float, seed: int, clock: ClockKind,
+                 probe_s: float) -> pd.DataFrame:
+    """The full-batch decode steps after warmup of a loop run of ``name`` at ``users`` (:func:`serve_stretched`),
+    with their cycles."""
     policy = make_policy(name)
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size),
                            probe_pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
     spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
                        warmup_s=warmup_s, seed=seed, clock=clock)
-    steps = serve(spec, models).steps
+    steps = serve_stretched(models, spec, probe_s).steps
     cycle_s = steps["end_at"].diff() - steps["wait_s"]  # less any sleep for a prefill (idle, not step cost)
     keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] == users) & cycle_s.notna()
     return steps.assign(cycle_s=cycle_s)[keep]
@@ -131,12 +147,9 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
         frames = []
         for r in probed:
             ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
-            for stretch in PROBE_STRETCHES:
-                steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
-                                     stretch * probe_duration_s(duration_s, r) + ramp_s, warmup_s + ramp_s,
-                                     seed + PROBE_SEED_OFFSET, clock)
-                if len(steps) >= MIN_FULL_BATCH_STEPS:
-                    break
+            steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
+                                 probe_duration_s(duration_s, r) + ramp_s, warmup_s + ramp_s,
+                                 seed + PROBE_SEED_OFFSET, clock, probe_duration_s(duration_s, r))
             if steps.empty:
                 longest_s = PROBE_STRETCHES[-1] * probe_duration_s(duration_s, r)
                 raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {longest_s:g} "
