@@ -27,8 +27,9 @@ from calibration.profiling.step_prices import step_cost_ratio
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.specdec import ContextCost, prefill_groups
+from calibration.validation.recombine import main as recombine_main
 from calibration.validation.report import TARGET_METRICS
-from calibration.validation.setup import ValidationConfig, median_profile, profile_config
+from calibration.validation.setup import ValidationConfig, profile_config
 from calibration.validation.validate import Validation, main, parse_args
 from policies import make_policy
 from policies.base import CostCurve
@@ -275,31 +276,6 @@ def test_bad_input_is_refused_with_a_clear_message() -> None:
         ValidationConfig(domain="poetry")
 
 
-def test_profile_passes_combine_by_element_wise_median() -> None:
-    import copy
-
-    from simulator.costs import profile_from_dict
-
-    first = load_profile("h200_qwen3-8b_analytic")
-
-    def scaled(factor: float) -> object:
-        raw = copy.deepcopy(first.raw)
-        raw["verify"]["steps_per_s"] = [factor * v for v in raw["verify"]["steps_per_s"]]
-        raw["prefill"]["fixed_s"] = factor * raw["prefill"]["fixed_s"]
-        return profile_from_dict(raw)
-
-    combined = median_profile([first, scaled(10.0), scaled(1.5)])  # one pass far off: the median ignores it
-    np.testing.assert_allclose(combined.verify_sps.y, 1.5 * first.verify_sps.y)
-    np.testing.assert_array_equal(combined.verify_sps.x, first.verify_sps.x)
-    assert combined.prefill_fixed_s == pytest.approx(1.5 * first.prefill_fixed_s)
-    assert combined.metadata["profile_passes"] == 3 and combined.source == first.source
-    short = copy.deepcopy(first.raw)
-    short["verify"]["steps_per_s"].pop()
-    short["verify"]["batch_tokens"].pop()
-    with pytest.raises(ValueError, match="differ in the length of profile.verify.batch_tokens"):
-        median_profile([first, profile_from_dict(short)])
-
-
 @pytest.mark.slow  # about a minute of real serving: CI's second step
 def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     """The CLI on a tiny setup: random tiny models, 2 and 4 users, 2 s per point in two rounds, short outputs.
@@ -354,6 +330,11 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     own = [step_cost_ratio([part.steps for part in real], p, "dspark", "greedy", 7, 0.3,
                            make_policy("greedy").synchronous) for p in passes]
     assert point["step_cost_ratio_passes_mean"] == pytest.approx(2 / (1 / own[0] + 1 / own[1]))
+    # re-simulated from its output folder with its own rule, the run gives back its own simulator figures exactly
+    recombined = recombine_main([str(out), "--rules", "median,mean"])[out]
+    own_rule = recombined[recombined["rule"] == "median"]
+    assert len(own_rule) == 6 and (own_rule[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
+    assert np.isfinite(recombined["throughput_err"]).all()
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked). No slice is refused here
     # (--drift-tolerance 10: with two slices per point, an unsteady machine once spoiled 4 of the 6 points and
     # the test checked two); each point gets room for its measured drift instead (the refusal rule:

@@ -12,6 +12,7 @@ import pandas as pd
 from scipy import stats
 
 from calibration.profiling.step_prices import step_cost_ratio
+from calibration.validation.passes import profile_price_se
 from calibration.validation.report import (
     STEADY_MAX_REFUSED_SHARE,
     TARGET_METRICS,
@@ -136,18 +137,6 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     return text, decided
 
 
-def profile_price_se(ratios: Sequence[float]) -> float:
-    """The relative standard error of the median profile's price of a point's real steps, from each profile pass's
-    price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices over
-    their mean, their standard deviation times sqrt(pi / 2) over sqrt(n) (a median's large-sample standard error
-    for normal scatter; for 2-5 passes the exact factor is 1.0-1.2, so this errs wide by up to a quarter). NaN with
-    fewer than two passes."""
-    prices = 1.0 / np.asarray(ratios, dtype=np.float64)
-    if prices.size < 2 or not np.isfinite(prices).all():
-        return float("nan")
-    return float(np.sqrt(np.pi / 2) * np.std(prices / prices.mean(), ddof=1) / np.sqrt(prices.size))
-
-
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],
                  drifts: np.ndarray, profile: HardwareProfile, weight: float = 1.0,
                  passes: Sequence[HardwareProfile] = ()) -> dict[str, Any]:
@@ -159,7 +148,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
     with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``).
 
-    Every slice of the simulator prices with the same median profile, so the spread over slices
+    Every slice of the simulator prices with the same combined profile, so the spread over slices
     (``<metric>_slice_ci``) leaves out the profile's own error, which each rerun draws anew: ``<metric>_ci`` adds
     it in quadrature, a Student-t interval on :func:`profile_price_se` over the profile ``passes`` (a price off by
     x% moves the simulator's throughput and tok/s/user by about x%)."""
@@ -188,8 +177,8 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
                     synchronous=policy.synchronous, chunks=[reals[k].chunks for k in use])
     row["step_cost_ratio"] = ratio(profile=profile)
     pass_ratios = np.array([ratio(profile=p) for p in passes])
-    row["profile_price_se"] = profile_price_se(pass_ratios)
-    # measured over the passes' mean price (the median above leaves out slow spells that the real slices pay)
+    row["profile_price_se"] = profile_price_se(pass_ratios, cfg.combine_passes)
+    # measured over the passes' mean price (a median leaves out slow spells that the real slices pay)
     row["step_cost_ratio_passes_mean"] = float(1.0 / np.mean(1.0 / pass_ratios)) if pass_ratios.size else np.nan
     for name in TARGET_METRICS:
         row[f"{name}_slice_ci"] = row[f"{name}_ci"]

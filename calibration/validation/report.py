@@ -287,13 +287,14 @@ def noise_note(table: pd.DataFrame) -> str:
 
 
 def profile_note(table: pd.DataFrame) -> str:
-    """The median profile's own price error (``profile_price_se`` of the reported points), which each point's
+    """The combined profile's own price error (``profile_price_se`` of the reported points), which each point's
     interval carries beside its slices' spread."""
     return _largest_note(
         table, "profile_price_se", "throughput_err",
         "profile price error: not estimated (it needs two profile passes or more)",
         lambda se, worst: (f"profile price error (the passes' prices of each point's real steps; in every "
-                           f"interval): standard error of their median up to {100 * worst['profile_price_se']:.1f}% "
+                           "interval): standard error of their combination up to "
+                           f"{100 * worst['profile_price_se']:.1f}% "
                            f"({worst['policy']} x{worst['num_users']}), {100 * se.mean():.1f}% on average"))
 
 

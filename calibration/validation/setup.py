@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -35,6 +35,7 @@ from calibration.profiling.measure_context import ContextAxes
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.serving.specdec import ContextCost
 from calibration.training.corpora import corpus_prompts
+from calibration.validation.passes import check_rule
 from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -87,6 +88,7 @@ class ValidationConfig:
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4
+    combine_passes: str = "median"  # how the profile passes make one profile (validation.passes.COMBINE_RULES)
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
@@ -117,6 +119,7 @@ class ValidationConfig:
         if self.drift_measure == "meter" and self.profile is not None:
             raise ValueError("drift_measure 'meter' reads the machine during profiling (its loop probes); "
                              "it cannot with a given profile: leave out profile or use drift_measure 'probe'")
+        check_rule(self.combine_passes)
         if self.sim_replicas < 1:
             raise ValueError(f"sim_replicas must be >= 1, got {self.sim_replicas}")
         if not self.drift_tolerance > 0:
@@ -250,29 +253,6 @@ def measure_profile(cfg: ValidationConfig, models: Models) -> HardwareProfile:
                            clock=cfg.clock,  # type: ignore[arg-type]
                            token_budget=cfg.token_budget if cfg.prefill == "chunked" else None)
     data["metadata"]["model"] = models.description
-    return profile_from_dict(data, "<validation profile>")
-
-
-def median_profile(passes: list[HardwareProfile]) -> HardwareProfile:
-    """The element-wise median of profiles measured on the same grids (of every number and number list; text,
-    flags and integer axes taken from the first, with which every other pass must agree in shape). The median,
-    not the mean: one pass caught by a burst of load elsewhere must not move the profile."""
-    def mean(values: list[Any], where: str) -> Any:
-        first = values[0]
-        if isinstance(first, dict):
-            return {k: mean([v[k] for v in values], f"{where}.{k}") for k in first}
-        if isinstance(first, list):
-            if any(len(v) != len(first) for v in values):
-                raise ValueError(f"profile passes differ in the length of {where}")
-            return [mean([v[i] for v in values], f"{where}[{i}]") for i in range(len(first))]
-        if isinstance(first, (int, float)) and not isinstance(first, bool):
-            return float(np.median(values)) if isinstance(first, float) else first
-        return first
-
-    data = mean([p.raw for p in passes], "profile")
-    data["metadata"]["profile_passes"] = len(passes)
-    data["metadata"]["timing"] = (data["metadata"].get("timing", "") +
-                                  f"; element-wise median of {len(passes)} passes interleaved with the real runs")
     return profile_from_dict(data, "<validation profile>")
 
 

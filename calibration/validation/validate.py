@@ -51,6 +51,7 @@ from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
+from calibration.validation.passes import COMBINE_RULES, combine_passes
 from calibration.validation.points import drift_readings, drift_weight, point_result, round_progress, slice_drifts
 from calibration.validation.report import (
     MachineNotSteady,
@@ -70,7 +71,6 @@ from calibration.validation.setup import (
     build_models,
     loop_pricing,
     measure_profile,
-    median_profile,
     record_log,
     simulate_slice,
     simulation_spec,
@@ -110,7 +110,7 @@ class Validation:
     slices: pd.DataFrame  # one row per (point, slice): its drift, whether it was kept, sim and real throughput
     probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
     pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
-    passes: tuple[HardwareProfile, ...] = ()  # every profile pass, in order (the profile is their median)
+    passes: tuple[HardwareProfile, ...] = ()  # every profile pass, in order (the profile combines them)
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -133,7 +133,8 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
                 Cluster(simulation_spec(cfg, point, first_setups, 0))
         probe_log: list[dict[str, Any]] = []
         passes, reals = _measure(cfg, models, points, reference, progress, check, probe_log)
-        profile, pricing = passes[0] if len(passes) == 1 else median_profile(passes), passes[0]
+        profile = passes[0] if len(passes) == 1 else combine_passes(passes, cfg.combine_passes)
+        pricing = passes[0]
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
         rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
@@ -247,7 +248,7 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
     write_profile(result.profile.raw, paths["profile"])
     if result.pricing is not None:  # with the logs and config.json, what re-simulates every point exactly
         paths["pricing"] = write_profile(result.pricing.raw, out / "pricing_profile.json")
-    if len(result.passes) > 1:  # what the median came from: each pass's own prices (points.csv's *_passes_mean)
+    if len(result.passes) > 1:  # what the profile came from (points.csv's *_passes_mean; validation.recombine)
         for k, measured_pass in enumerate(result.passes, start=1):
             write_profile(measured_pass.raw, out / "profile_passes" / f"pass{k}.json")
     for num_draft, log in result.logs.items():
@@ -282,7 +283,7 @@ def report_text(result: Validation) -> str:
         + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
         + f"; {cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
         f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; the simulator pools {cfg.sim_replicas} "
-        f"acceptance draw(s) of each slice's requests; seed {cfg.seed}",
+        f"acceptance draw(s) of each slice's requests; passes combined: {cfg.combine_passes}; seed {cfg.seed}",
         "",
         markdown_table(result.table),
         "",
@@ -355,6 +356,8 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="the machine's drift from: probe (timed before and after each profile pass and slice) or "
                         "meter (a small canary timed before every serving step - the passes' loop probes, the real "
                         "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
+    p.add_argument("--combine-passes", default=d.combine_passes, choices=COMBINE_RULES,
+                   help="how the profile passes make the simulator's profile (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
                    help="stop (exit code 3) after a round once its drifted slices make a MACHINE NOT STEADY report "
                         "certain, whatever the later profile passes read; probes.csv keeps the timings so far (after "

@@ -1,0 +1,93 @@
+"""One profile from a validation's profile passes, and how far its price can be off.
+
+Every round of ``calibration.validate`` profiles the machine once (a *pass*), so a run holds one
+pass per round, all on the same grids. The simulator prices with their element-wise combination,
+by one of :data:`COMBINE_RULES`:
+
+* ``median`` (default): one pass caught by a burst of load elsewhere does not move the profile. On a
+  machine whose step times lean to the slow side it prices below what real slices pay on average.
+* ``mean``: what the slices pay on average (throughput is tokens over the *sum* of step times), but
+  one stray pass moves it by a fifth of its distance (five passes).
+* ``trimmed``: the mean after dropping each element's lowest and highest pass (the mean with two
+  passes or fewer); between the two.
+
+The mean of a time is what a run pays, so rates (fields named ``..._per_s``: steps or tokens per
+second) are combined through their reciprocal, the seconds each stands for: their mean is the
+harmonic mean of the rates. The median is taken of the values as they stand (the same either way
+with an odd number of passes).
+
+``python -m calibration.validation.recombine`` re-simulates a finished run with each rule, from its
+``profile_passes/`` files, to compare them on runs already made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from simulator.costs import HardwareProfile, profile_from_dict
+
+COMBINE_RULES = ("median", "trimmed", "mean")
+
+
+def _trimmed_mean(values: np.ndarray) -> float:
+    ordered = np.sort(values)
+    return float(ordered[1:-1].mean() if ordered.size > 2 else ordered.mean())
+
+
+_CENTRES: dict[str, Callable[[np.ndarray], float]] = {
+    "median": lambda v: float(np.median(v)), "mean": lambda v: float(np.mean(v)), "trimmed": _trimmed_mean}
+
+
+def check_rule(rule: str) -> str:
+    if rule not in COMBINE_RULES:
+        raise ValueError(f"combine_passes must be one of {', '.join(COMBINE_RULES)}, got {rule!r}")
+    return rule
+
+
+def combine_passes(passes: Sequence[HardwareProfile], rule: str = "median") -> HardwareProfile:
+    """The element-wise ``rule`` of profiles measured on the same grids (of every float, single or in lists; text,
+    flags and integers - axes, counts - taken from the first pass, with which every other must agree in shape);
+    ``..._per_s`` rates through their reciprocals for the means (module docstring)."""
+    centre = _CENTRES[check_rule(rule)]
+
+    def combine(values: list[Any], where: str, key: str) -> Any:
+        first = values[0]
+        if isinstance(first, dict):
+            return {k: combine([v[k] for v in values], f"{where}.{k}", k) for k in first}
+        if isinstance(first, list):
+            if any(len(v) != len(first) for v in values):
+                raise ValueError(f"profile passes differ in the length of {where}")
+            return [combine([v[i] for v in values], f"{where}[{i}]", key) for i in range(len(first))]
+        if isinstance(first, float):
+            array = np.asarray(values, dtype=np.float64)
+            if rule != "median" and key.endswith("per_s") and (array > 0).all():
+                return 1.0 / centre(1.0 / array)
+            return centre(array)
+        return first
+
+    data = combine([p.raw for p in passes], "profile", "")
+    data["metadata"]["profile_passes"] = len(passes)
+    data["metadata"]["timing"] = (data["metadata"].get("timing", "") + f"; element-wise {rule} of {len(passes)} "
+                                  "passes interleaved with the real runs (rates through their seconds)")
+    return profile_from_dict(data, "<validation profile>")
+
+
+def price_se_factor(rule: str) -> float:
+    """The combined price's standard error over the passes' standard deviation / sqrt(n), for normal scatter: 1
+    for the mean, sqrt(pi / 2) for the median (large-sample; for 2-5 passes the exact factor is 1.0-1.2, so it
+    errs wide by up to a quarter). A trimmed mean lies between the two: the median's factor, as an upper bound."""
+    return 1.0 if check_rule(rule) == "mean" else float(np.sqrt(np.pi / 2))
+
+
+def profile_price_se(ratios: Sequence[float], rule: str = "median") -> float:
+    """The relative standard error of the combined profile's price of a point's real steps, from each profile
+    pass's price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices
+    over their mean, their standard deviation times :func:`price_se_factor` over sqrt(n). NaN with fewer than two
+    passes."""
+    prices = 1.0 / np.asarray(ratios, dtype=np.float64)
+    if prices.size < 2 or not np.isfinite(prices).all():
+        return float("nan")
+    return float(price_se_factor(rule) * np.std(prices / prices.mean(), ddof=1) / np.sqrt(prices.size))

@@ -1,0 +1,98 @@
+"""Combining a validation's profile passes into one profile, the combined price's standard error, and the recombine
+command's checks on a run folder (its end-to-end run: the slow test_validation_command_meets_the_error_bound)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from calibration.profiling.profile_file import write_profile
+from calibration.validation.passes import COMBINE_RULES, combine_passes, price_se_factor, profile_price_se
+from calibration.validation.recombine import main as recombine_main
+from calibration.validation.setup import ValidationConfig
+from calibration.validation.validate import parse_args
+from simulator.costs import load_profile, profile_from_dict
+
+FIRST = load_profile("h200_qwen3-8b_analytic")
+
+
+def scaled(time_factor: float) -> object:
+    """The first pass on a machine ``time_factor`` times as slow: rates divided by it, seconds multiplied."""
+    raw = copy.deepcopy(FIRST.raw)
+    raw["verify"]["steps_per_s"] = [v / time_factor for v in raw["verify"]["steps_per_s"]]
+    raw["prefill"]["fixed_s"] = time_factor * raw["prefill"]["fixed_s"]
+    return profile_from_dict(raw)
+
+
+def test_the_median_ignores_one_pass_far_off() -> None:
+    combined = combine_passes([FIRST, scaled(10.0), scaled(1.5)], "median")
+    np.testing.assert_allclose(combined.verify_sps.y, FIRST.verify_sps.y / 1.5)
+    np.testing.assert_array_equal(combined.verify_sps.x, FIRST.verify_sps.x)
+    assert combined.prefill_fixed_s == pytest.approx(1.5 * FIRST.prefill_fixed_s)
+    assert combined.metadata["profile_passes"] == 3 and combined.source == FIRST.source
+    assert "element-wise median of 3 passes" in combined.metadata["timing"]
+
+
+def test_the_mean_averages_seconds_and_rates_through_their_seconds() -> None:
+    """A machine twice as slow in one pass of two: every time of the mean is 1.5 times the first's, rates too (the
+    harmonic mean of the rates, not their mean, which would price 1.33 times as slow)."""
+    combined = combine_passes([FIRST, scaled(2.0)], "mean")
+    np.testing.assert_allclose(combined.verify_sps.y, FIRST.verify_sps.y / 1.5)
+    assert combined.prefill_fixed_s == pytest.approx(1.5 * FIRST.prefill_fixed_s)
+    # with two passes the median is the midpoint of the values themselves
+    np.testing.assert_allclose(combine_passes([FIRST, scaled(2.0)], "median").verify_sps.y, FIRST.verify_sps.y * 0.75)
+
+
+def test_the_trimmed_mean_drops_each_elements_extremes() -> None:
+    passes = [scaled(1.0), scaled(10.0), scaled(1.2), scaled(1.4), scaled(0.5)]
+    combined = combine_passes(passes, "trimmed")  # keeps 1.0, 1.2 and 1.4: their mean time 1.2
+    assert combined.prefill_fixed_s == pytest.approx(1.2 * FIRST.prefill_fixed_s)
+    np.testing.assert_allclose(combined.verify_sps.y, FIRST.verify_sps.y / 1.2)
+    two = combine_passes([FIRST, scaled(3.0)], "trimmed")  # nothing to drop: the mean
+    assert two.prefill_fixed_s == pytest.approx(2.0 * FIRST.prefill_fixed_s)
+
+
+def test_passes_on_other_grids_or_an_unknown_rule_are_refused() -> None:
+    short = copy.deepcopy(FIRST.raw)
+    short["verify"]["steps_per_s"].pop()
+    short["verify"]["batch_tokens"].pop()
+    with pytest.raises(ValueError, match="differ in the length of profile.verify.batch_tokens"):
+        combine_passes([FIRST, profile_from_dict(short)], "mean")
+    with pytest.raises(ValueError, match="combine_passes must be one of median, trimmed, mean, got 'average'"):
+        combine_passes([FIRST, FIRST], "average")
+    with pytest.raises(ValueError, match="combine_passes must be one of"):
+        ValidationConfig(combine_passes="average")
+    assert parse_args(["--combine-passes", "trimmed"])[0].combine_passes == "trimmed"
+    assert ValidationConfig().combine_passes == "median" and set(COMBINE_RULES) == {"median", "trimmed", "mean"}
+
+
+def test_the_price_error_of_a_mean_is_the_passes_spread_over_sqrt_n() -> None:
+    ratios = np.array([1.0, 1.1, 0.95, 1.05])
+    prices = 1 / ratios
+    spread = np.std(prices / prices.mean(), ddof=1) / 2
+    assert profile_price_se(ratios, "mean") == pytest.approx(spread)
+    assert profile_price_se(ratios, "median") == pytest.approx(np.sqrt(np.pi / 2) * spread)
+    assert price_se_factor("trimmed") == price_se_factor("median")
+    assert np.isnan(profile_price_se([1.0], "mean"))
+
+
+def test_recombine_names_what_a_folder_lacks(tmp_path, capsys) -> None:
+    def fails(match: str) -> None:
+        with pytest.raises(SystemExit):
+            recombine_main([str(tmp_path)])
+        assert match in capsys.readouterr().err
+
+    fails("no config.json (not the output folder of calibration.validate)")
+    (tmp_path / "config.json").write_text(json.dumps({"users": [1, 2], "rounds": 3, "colour": "red"}))
+    fails("config.json: unknown key(s) colour (written by another version)")
+    (tmp_path / "config.json").write_text(json.dumps({"users": [1, 2], "rounds": 3}))
+    write_profile(FIRST.raw, tmp_path / "profile_passes" / "pass1.json")
+    fails("needs profile_passes/pass<k>.json from two profile passes or more")
+    write_profile(FIRST.raw, tmp_path / "profile_passes" / "pass2.json")
+    fails("pricing_profile.json")
+    with pytest.raises(SystemExit):
+        recombine_main([str(tmp_path), "--rules", "median,average"])
+    assert "combine_passes must be one of median, trimmed, mean, got 'average'" in capsys.readouterr().err
