@@ -315,6 +315,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     runs = result.sim[("dspark", 4)][0]
     report = (out / "validation.md").read_text()
     assert len(runs) == 4 and "pools 4 acceptance draw(s)" in report and "tok/s/user sampling noise" in report
+    assert "profile: the median of 2 passes" in report
     assert (table["tpu_mean_sampling_se"] > 0).all() and (table["tpu_mean_sampling_se"] < 0.5).all()
     assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
     # each point's interval adds the error of the median profile (two passes pricing its real steps) to its slices'

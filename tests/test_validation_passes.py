@@ -93,6 +93,10 @@ def test_recombine_names_what_a_folder_lacks(tmp_path, capsys) -> None:
     fails("needs profile_passes/pass<k>.json from two profile passes or more")
     write_profile(FIRST.raw, tmp_path / "profile_passes" / "pass2.json")
     fails("pricing_profile.json")
+    write_profile(FIRST.raw, tmp_path / "pricing_profile.json")
+    (tmp_path / "points.csv").write_text("policy,num_users,spoiled\nmtp1,1,True\n")
+    (tmp_path / "slices.csv").write_text("policy,num_users,slice,kept\nmtp1,1,0,False\n")
+    fails("points.csv: every point is spoiled (column spoiled): nothing to compare")
     with pytest.raises(SystemExit):
         recombine_main([str(tmp_path), "--rules", "median,average"])
     assert "combine_passes must be one of median, trimmed, mean, got 'average'" in capsys.readouterr().err

@@ -49,7 +49,8 @@ def read_config(run: Path) -> ValidationConfig:
 
 
 def read_passes(run: Path) -> list[HardwareProfile]:
-    paths = sorted((run / "profile_passes").glob("pass*.json"), key=lambda p: int(p.stem[4:]))
+    found = [p for p in (run / "profile_passes").glob("pass*.json") if p.stem[4:].isdigit()]
+    paths = sorted(found, key=lambda p: int(p.stem[4:]))
     if len(paths) < 2:
         raise ValueError(f"{run}: needs profile_passes/pass<k>.json from two profile passes or more (runs of two "
                          f"rounds or more write them), found {len(paths)}")
@@ -81,6 +82,8 @@ def recombine(run: Path, rules: tuple[str, ...]) -> pd.DataFrame:
     points = pd.read_csv(run / "points.csv")
     slices = pd.read_csv(run / "slices.csv")
     reported = points[~points["spoiled"].astype(bool)].reset_index(drop=True)
+    if reported.empty:
+        raise ValueError(f"{run / 'points.csv'}: every point is spoiled (column spoiled): nothing to compare")
     frames = []
     for rule in rules:
         sim = resimulate(run, cfg, combine_passes(passes, rule), pricing, reported, slices)

@@ -272,6 +272,7 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
 
 def report_text(result: Validation) -> str:
     cfg, worst = result.config, worst_errors(result.table)
+    combined = f"; profile: the {cfg.combine_passes} of {len(result.passes)} passes" if len(result.passes) > 1 else ""
     lines = [
         f"models: {result.models}",
         f"machine: {device_name(torch.device('cpu'))}; profile: {result.profile.label}",
@@ -283,7 +284,7 @@ def report_text(result: Validation) -> str:
         + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
         + f"; {cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
         f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; the simulator pools {cfg.sim_replicas} "
-        f"acceptance draw(s) of each slice's requests; passes combined: {cfg.combine_passes}; seed {cfg.seed}",
+        f"acceptance draw(s) of each slice's requests{combined}; seed {cfg.seed}",
         "",
         markdown_table(result.table),
         "",
