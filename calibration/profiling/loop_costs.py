@@ -70,6 +70,7 @@ from calibration.profiling.mixed_steps import measure_mixed_steps
 from calibration.profiling.policy_steps import (
     PROBE_SEED_OFFSET,
     PROBE_STRETCHES,
+    full_batch_cycles,
     measure_policy_steps,
     probe_duration_s,
     serve_stretched,
@@ -210,16 +211,11 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
             done = result.requests.dropna(subset=["first_token_at"])
             prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
             prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
-            steps = result.steps
-            # end of the previous step to the end of this one, less any sleep for a prefill (idle, not step cost)
-            cycle_s = steps["end_at"].diff() - steps["wait_s"]
-            measured = steps["start_at"] >= warmup_s + ramp_s
-            frames.append(steps.assign(cycle_s=cycle_s, draft_tokens=k, users=r,
-                                       static=not isinstance(policy, VariableLength))[measured])
+            # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is
+            # prefilled again; those would price R = r with a smaller batch's costs.
+            frames.append(full_batch_cycles(result.steps, warmup_s + ramp_s, r).assign(
+                draft_tokens=k, users=r, static=not isinstance(policy, VariableLength)))
     s = pd.concat(frames, ignore_index=True)
-    # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is prefilled again;
-    # those would price R = r with a smaller batch's costs.
-    s = s[s["num_requests"] == s["users"]]
     _check_full_batches(s, probed, probes)
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],

@@ -96,16 +96,22 @@ def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> 
     return partial(profile.step_cost_curve, drafter, draft_tokens=draft_tokens)
 
 
+def full_batch_cycles(steps: pd.DataFrame, warmup_s: float, users: int) -> pd.DataFrame:
+    """The steps with the whole batch (``users`` requests) that start after ``warmup_s`` and follow another step,
+    with their cycle ``cycle_s``: end of the previous step to the end of this one, less any sleep for a prefill
+    (idle, not step cost)."""
+    cycle_s = steps["end_at"].diff() - steps["wait_s"]
+    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] == users) & cycle_s.notna()
+    return steps.assign(cycle_s=cycle_s)[keep]
+
+
 def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float) -> Any:
     """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
-    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` steps with the whole batch after its
-    warm-up (and a step before them: a cycle); the last run."""
+    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` :func:`full_batch_cycles`; the last
+    run."""
     for stretch in PROBE_STRETCHES:
         result = serve(replace(spec, duration_s=spec.duration_s + (stretch - 1) * probe_s), models)
-        steps = result.steps
-        full = ((steps["start_at"] >= spec.warmup_s) & (steps["num_requests"] == spec.traffic.num_users)
-                & steps["end_at"].diff().notna())
-        if int(full.sum()) >= MIN_FULL_BATCH_STEPS:
+        if len(full_batch_cycles(result.steps, spec.warmup_s, spec.traffic.num_users)) >= MIN_FULL_BATCH_STEPS:
             break
     return result
 
@@ -120,10 +126,7 @@ def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile,
                            probe_pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
     spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
                        warmup_s=warmup_s, seed=seed, clock=clock)
-    steps = serve_stretched(models, spec, probe_s).steps
-    cycle_s = steps["end_at"].diff() - steps["wait_s"]  # less any sleep for a prefill (idle, not step cost)
-    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] == users) & cycle_s.notna()
-    return steps.assign(cycle_s=cycle_s)[keep]
+    return full_batch_cycles(serve_stretched(models, spec, probe_s).steps, warmup_s, users)
 
 
 def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
