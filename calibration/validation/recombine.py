@@ -74,9 +74,9 @@ def resimulate(run: Path, cfg: ValidationConfig, profile: HardwareProfile, prici
     return pd.DataFrame(rows)
 
 
-def recombine(run: Path, rules: tuple[str, ...]) -> pd.DataFrame:
-    """One row per (rule, reported point): the re-simulated figures, the run's real ones and the errors."""
-    cfg = read_config(run)
+def recombine(run: Path, cfg: ValidationConfig, rules: tuple[str, ...]) -> pd.DataFrame:
+    """One row per (rule, reported point): the re-simulated figures, the run's real ones and the errors (``cfg``:
+    the run's :func:`read_config`)."""
     passes = read_passes(run)
     pricing = load_profile(run / "pricing_profile.json")
     points = pd.read_csv(run / "points.csv")
@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> dict[Path, pd.DataFrame]:
         rules = tuple(check_rule(r.strip()) for r in args.rules.split(","))
         tables: dict[Path, Any] = {}
         for run in args.runs:
-            tables[run] = recombine(run, rules)
-            print("\n".join(summary_lines(run, tables[run], read_config(run).combine_passes)))
+            cfg = read_config(run)
+            tables[run] = recombine(run, cfg, rules)
+            print("\n".join(summary_lines(run, tables[run], cfg.combine_passes)))
             if args.points:
                 cols = ["rule", "policy", "num_users", *(f"{m}_err" for m in METRICS)]
                 print(tables[run][cols].to_string(index=False, float_format=lambda x: f"{100 * x:+.1f}%"))
