@@ -7,11 +7,13 @@ import copy
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibration.profiling.profile_file import write_profile
 from calibration.validation.passes import COMBINE_RULES, combine_passes, price_se_factor, profile_price_se
 from calibration.validation.recombine import main as recombine_main
+from calibration.validation.recombine import resampled_logs
 from calibration.validation.setup import ValidationConfig
 from calibration.validation.validate import parse_args
 from simulator.costs import load_profile, profile_from_dict
@@ -100,3 +102,35 @@ def test_recombine_names_what_a_folder_lacks(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         recombine_main([str(tmp_path), "--rules", "median,average"])
     assert "combine_passes must be one of median, trimmed, mean, got 'average'" in capsys.readouterr().err
+
+
+def toy_log(num_draft: int, shift: float) -> pd.DataFrame:
+    """Two domains of three requests; each row's confidence names its request (domain, id) and the log."""
+    rows = [{"domain": d, "request_id": r, "position": k, "confidence": shift + 10 * i + r}
+            for i, d in enumerate(("chat", "math")) for r in range(3) for k in range(num_draft)]
+    return pd.DataFrame(rows)
+
+
+def test_log_resampling_draws_the_same_texts_for_every_block_size() -> None:
+    logs = {1: toy_log(1, 0.0), 7: toy_log(7, 0.5)}
+    out = resampled_logs(logs, np.random.default_rng(3))
+    for g, log in out.items():
+        assert sorted(log.groupby("domain")["request_id"].unique().map(sorted).tolist()) == [[0, 1, 2], [0, 1, 2]]
+        assert (log.groupby(["domain", "request_id"]).size() == g).all()  # whole requests, every position
+    # the original request behind new request j is the same in both logs: confidence - shift identifies it
+    one = out[1].set_index(["domain", "request_id"])["confidence"]
+    seven = out[7].groupby(["domain", "request_id"])["confidence"].first() - 0.5
+    pd.testing.assert_series_equal(one.sort_index(), seven.sort_index(), check_names=False)
+    drawn = [resampled_logs(logs, np.random.default_rng(s))[1]["confidence"].tolist() for s in range(20)]
+    assert any(len(set(d)) < len(d) for d in drawn)  # with replacement: some draw repeats a request
+    assert resampled_logs(logs, np.random.default_rng(3))[7].equals(out[7])  # same seed, same draw
+
+
+def test_log_resampling_refuses_logs_of_other_prompts(capsys) -> None:
+    logs = {1: toy_log(1, 0.0), 7: toy_log(7, 0.0).query("request_id != 2")}
+    with pytest.raises(ValueError, match="domain chat lacks request"):
+        for s in range(50):  # some draw picks request 2
+            resampled_logs(logs, np.random.default_rng(s))
+    with pytest.raises(SystemExit):
+        recombine_main(["nowhere", "--log-resamples", "1"])
+    assert "--log-resamples must be >= 2 (a spread needs two draws), got 1" in capsys.readouterr().err
