@@ -27,6 +27,7 @@ from calibration.profiling.step_prices import step_cost_ratio
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.specdec import ContextCost, prefill_groups
+from calibration.validation.recombine import log_sample_spread, read_config
 from calibration.validation.recombine import main as recombine_main
 from calibration.validation.report import TARGET_METRICS
 from calibration.validation.setup import ValidationConfig, profile_config
@@ -336,6 +337,10 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     own_rule = recombined[recombined["rule"] == "median"]
     assert len(own_rule) == 6 and (own_rule[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
     assert np.isfinite(recombined["throughput_err"]).all()
+    # drawing the logged texts again moves the simulator's figures, and by less than the sampling makes plausible
+    spread = log_sample_spread(out, read_config(out), 2)
+    assert len(spread) == 6 and (spread[["throughput_sd", "tpu_mean_sd"]] < 0.5).all().all()
+    assert (spread["tpu_mean_sd"] > 0).any()
     # The real loop runs on its thread's CPU clock (time other jobs take is not booked). No slice is refused here
     # (--drift-tolerance 10: with two slices per point, an unsteady machine once spoiled 4 of the 6 points and
     # the test checked two); each point gets room for its measured drift instead (the refusal rule:
