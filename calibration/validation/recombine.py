@@ -138,12 +138,16 @@ def resampled_logs(logs: dict[int, pd.DataFrame], rng: np.random.Generator) -> d
     return out
 
 
+def check_resamples(resamples: int) -> None:
+    if resamples < 2:
+        raise ValueError(f"--log-resamples must be >= 2 (a spread needs two draws), got {resamples}")
+
+
 def log_sample_spread(run: Path, cfg: ValidationConfig, resamples: int, seed: int = 0) -> pd.DataFrame:
     """Per reported point, the simulator's figures over ``resamples`` draws of the run's logged texts
     (:func:`resampled_logs`; the run's own rule): columns ``<metric>_sd`` (relative standard deviation over the
     draws) and ``<metric>_err_mean`` (the mean error against the run's real figure)."""
-    if resamples < 2:
-        raise ValueError(f"--log-resamples must be >= 2 (a spread needs two draws), got {resamples}")
+    check_resamples(resamples)
     profile = combine_passes(read_passes(run), cfg.combine_passes)
     pricing = load_profile(run / "pricing_profile.json")
     reported, slices = reported_points(run)
@@ -206,8 +210,8 @@ def main(argv: list[str] | None = None) -> dict[Path, pd.DataFrame]:
     args = p.parse_args(argv)
     try:
         rules = tuple(check_rule(r.strip()) for r in args.rules.split(","))
-        if args.log_resamples and args.log_resamples < 2:
-            raise ValueError(f"--log-resamples must be >= 2 (a spread needs two draws), got {args.log_resamples}")
+        if args.log_resamples:
+            check_resamples(args.log_resamples)
         tables: dict[Path, Any] = {}
         for run in args.runs:
             cfg = read_config(run)
