@@ -38,7 +38,10 @@ from calibration.validation.report import (
 from calibration.validation.setup import ValidationConfig
 from calibration.validation.validate import PROBE_COLUMNS
 from policies.base import CostCurve, StepView
+from simulator.acceptance.logs import summary
 from simulator.costs import load_profile
+from tests.log_factories import synthetic_log
+from traces.workload import DOMAINS
 
 
 def _summary(tokens_per_s: float, per_user: float) -> dict:
@@ -208,6 +211,17 @@ def test_sampling_se_is_one_draws_spread_plus_the_mean_of_the_draws() -> None:
     table = table.assign(throughput_err=[0.01, np.nan], profile_price_se=[0.012, 0.5])
     assert "up to 1.2% (mtp1 x1), 1.2% on average" in profile_note(table) and profile_note(table) in noise_note(table)
     assert "needs two profile passes" in profile_note(table.assign(profile_price_se=np.nan))
+    # the acceptance log's text sample: tau and its standard error per domain the traffic uses, from the longest
+    # block's log
+    log = synthetic_log(np.random.default_rng(5), num_requests=12, num_tokens=20)
+    per_domain = summary(log).set_index("domain")
+    note = noise_note(table, {1: log.iloc[:0], 7: log}, "mixed")
+    for domain in DOMAINS:
+        tau, se = per_domain.loc[domain, "tau"], per_domain.loc[domain, "tau_se"]
+        assert f"{domain} {tau:.2f} +- {100 * se / tau:.1f}% (12 texts)" in note
+    assert "at 7 draft tokens" in note and profile_note(table) in note
+    only_chat = noise_note(table, {7: log}, "chat")
+    assert "chat " in only_chat and "math " not in only_chat and "code " not in only_chat
 
 
 def test_a_point_keeps_the_slices_within_the_drift_tolerance_and_is_spoiled_below_half() -> None:

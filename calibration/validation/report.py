@@ -14,8 +14,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from scipy import stats
 
+from simulator.acceptance.logs import summary as log_summary
 from simulator.costs import HardwareProfile
 from simulator.metrics import summarize
+from traces.workload import DOMAINS
 
 # column -> (label, how to read it from a summary, unit scale for display)
 METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
@@ -281,9 +283,13 @@ def _largest_note(table: pd.DataFrame, column: str, error: str, missing: str,
     return describe(values[column], values.loc[values[column].idxmax()]) if len(values) else missing
 
 
-def noise_note(table: pd.DataFrame) -> str:
-    """The report's lines on what noise each point's error carries: request sampling, and the profile's own error."""
-    return "\n".join(line for line in (sampling_note(table), profile_note(table)) if line)
+def noise_note(table: pd.DataFrame, logs: dict[int, pd.DataFrame] | None = None, domain: str = "mixed") -> str:
+    """The report's lines on what noise each point's error carries: request sampling, the profile's own error and
+    the acceptance logs' text sample (with ``logs``; ``domain``: the traffic's, or ``mixed`` for every one)."""
+    lines = [sampling_note(table), profile_note(table)]
+    if logs:
+        lines.append(log_note(logs, DOMAINS if domain == "mixed" else (domain,)))
+    return "\n".join(line for line in lines if line)
 
 
 def profile_note(table: pd.DataFrame) -> str:
@@ -310,6 +316,19 @@ def sampling_note(table: pd.DataFrame) -> str:
                            f"{100 * worst['tpu_mean_sampling_se']:.1f}% ({worst['policy']} x{worst['num_users']}); "
                            f"an exact simulator would show a mean |error| of about "
                            f"{100 * np.sqrt(2 / np.pi) * se.mean():.1f}% from it alone"))
+
+
+def log_note(logs: dict[int, pd.DataFrame], domains: Sequence[str]) -> str:
+    """The acceptance log's own text sample (the log of the longest block, on ``domains``): every point replays
+    the same texts, and so does every rerun at the seed, so no interval holds its error; tau's standard error over
+    the logged requests (:func:`simulator.acceptance.logs.tau_standard_error`) says how large it is."""
+    num_draft = max(logs)
+    table = log_summary(logs[num_draft]).set_index("domain")
+    parts = [f"{d} {table.loc[d, 'tau']:.2f} +- {100 * table.loc[d, 'tau_se'] / table.loc[d, 'tau']:.1f}% "
+             f"({table.loc[d, 'num_requests']} texts)" for d in domains if d in table.index]
+    return (f"acceptance log's text sample (no interval holds it: every point and every rerun at this seed replay "
+            f"the same texts): tau at {num_draft} draft tokens {', '.join(parts)} (standard error over the texts); "
+            "calibration.validation.recombine RUN --log-resamples N shows what another sample does to each point")
 
 
 def _or_dash(value: float, digits: int) -> str:

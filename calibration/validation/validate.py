@@ -292,7 +292,7 @@ def report_text(result: Validation) -> str:
         + "; mean |relative error|: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
         + drift_note(result.table, cfg.drift_tolerance, cfg.drift_measure),
-        noise_note(result.table),
+        noise_note(result.table, result.logs, cfg.domain),
     ]
     verdict = machine_verdict(result.table)
     return "\n".join(([verdict, ""] if verdict else []) + lines)

@@ -312,14 +312,30 @@ def conditional_acceptance(num_accepted: np.ndarray, gamma: int) -> np.ndarray:
     return np.divide(passed, reached, out=np.full(gamma, np.nan), where=reached > 0)
 
 
+def tau_standard_error(request_id: np.ndarray, tokens_per_step: np.ndarray) -> float:
+    """The standard error of tau (the mean of ``tokens_per_step`` over blocks) from the sample of requests that
+    wrote the blocks: tau is a ratio of per-request sums (tokens over blocks), so the error is the ratio
+    estimator's, clustered by request (blocks of one text are not independent draws). NaN below two requests."""
+    ids, request = np.unique(request_id, return_inverse=True)
+    if ids.size < 2:
+        return float("nan")
+    blocks = np.bincount(request).astype(np.float64)
+    tokens = np.bincount(request, weights=tokens_per_step)
+    tau = tokens.sum() / blocks.sum()
+    return float(np.sqrt(np.sum((tokens - tau * blocks) ** 2) * ids.size / (ids.size - 1)) / blocks.sum())
+
+
 def summary(df: pd.DataFrame, source: str = "<frame>") -> pd.DataFrame:
-    """Per (drafter, domain): blocks, requests, tau (bonus included) and q_1..q_gamma."""
+    """Per (drafter, domain): blocks, requests, tau (bonus included) with its standard error over the logged
+    requests (:func:`tau_standard_error`: what another sample of as many texts would move it by) and
+    q_1..q_gamma."""
     rows = []
     for (drafter, domain), part in df.groupby(["drafter", "domain"], observed=True, sort=True):
         b = to_blocks(part, source)
         full = b.num_verified == b.gamma
         row = {"drafter": drafter, "domain": domain, "num_blocks": int(full.sum()),
-               "num_requests": int(np.unique(b.request_id).size), "tau": 1.0 + b.num_accepted[full].mean()}
+               "num_requests": int(np.unique(b.request_id).size), "tau": 1.0 + b.num_accepted[full].mean(),
+               "tau_se": tau_standard_error(b.request_id[full], 1.0 + b.num_accepted[full])}
         q = conditional_acceptance(b.num_accepted[full], b.gamma)
         row.update({f"q{k + 1}": q[k] for k in range(b.gamma)})
         rows.append(row)
