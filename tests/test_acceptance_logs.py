@@ -65,7 +65,6 @@ def test_summary_tau_and_conditional_acceptance():
     np.testing.assert_allclose(conditional_acceptance(np.array([2, 4]), 4), [1.0, 1.0, 0.5, 1.0])
 
 
-
 def test_tau_standard_error_is_the_per_request_means_error_when_requests_have_equal_blocks(log):
     """With as many blocks in every request, the ratio estimator is the mean of the per-request means, and its
     standard error their sample standard deviation over sqrt(n), exactly; one request has none."""
