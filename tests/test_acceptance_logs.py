@@ -97,6 +97,7 @@ def test_tau_standard_error_matches_the_spread_of_tau_over_samples_of_requests()
     assert np.mean(ses) / np.std(taus, ddof=1) == pytest.approx(1.0, abs=0.05)
     assert np.mean(naive) < 0.4 * np.std(taus, ddof=1)
 
+
 def _break(df: pd.DataFrame, column: str, row: int, value) -> pd.DataFrame:
     out = df.copy()
     out[column] = out[column].astype("object")
