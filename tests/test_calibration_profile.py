@@ -10,11 +10,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibration.profiling import timing
 from calibration.profiling.compare import main as compare_main
-from calibration.profiling.loop_costs import LoopCosts
+from calibration.profiling.loop_costs import LoopCosts, probe_misfit
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -155,3 +156,25 @@ def test_loop_costs_fold_into_a_v2_profile_and_keep_its_context_tables(measured_
     assert folded.draft_s("dspark", 4, 4, 1000.0) == pytest.approx(2 * before.draft_s("dspark", 4, 4, 1000.0))
     assert folded.per_request_s is not None and folded.verify_s(1, 1) == pytest.approx(before.verify_s(1, 1) + 1e-4)
     assert folded.prefill_tokens_per_s == pytest.approx(before.prefill_tokens_per_s / 1.5)
+
+
+def test_probe_misfit_is_each_probes_mean_residual_off_the_line_over_its_mean_cycle(default_profile) -> None:
+    # two static probes and the variable-length one at R = 1 and 4; residuals off a line by known amounts
+    rows = []
+    for users in (1, 4):
+        for static, draft_tokens, off_s in ((True, 1, 2e-4), (True, 7, -1e-4), (False, 7, 0.0)):
+            for cycle_s in (0.010, 0.012):  # two steps each: mean cycle 11 ms
+                line_s = 1e-3 * users
+                rows.append(dict(users=users, draft_tokens=draft_tokens, static=static, cycle_s=cycle_s,
+                                 line_s=line_s, residual_s=line_s + off_s + (cycle_s - 0.011)))
+    misfit = probe_misfit(pd.DataFrame(rows), (1, 4))
+    assert set(misfit) == {"mtp1", "mtp7", "varlen-probe"}
+    np.testing.assert_allclose(misfit["mtp1"], [2e-4 / 0.011] * 2, rtol=1e-12)
+    np.testing.assert_allclose(misfit["mtp7"], [-1e-4 / 0.011] * 2, rtol=1e-12)
+    np.testing.assert_allclose(misfit["varlen-probe"], [0.0, 0.0], atol=1e-15)
+    # it travels with the loop costs into the folded profile's metadata
+    costs = LoopCosts(num_requests=(1, 4), draft_tokens=(1, 7), draft_factor=((1.0, 1.0), (1.0, 1.0)),
+                      extra_per_request_s=(0.0, 0.0), extra_per_batch_token_s=0.0, prefill_factor=1.0,
+                      host_fixed_s=0.0, host_per_request_s=0.0, host_per_verified_token_s=0.0, num_steps=12,
+                      probe_misfit=misfit)
+    assert costs.fold(default_profile.raw)["metadata"]["loop_costs"]["probe_misfit"] == misfit

@@ -31,6 +31,11 @@ would leave out):
 * ``prefill_factor``: in-loop prefill seconds / the profile's ``prefill_s``, summed;
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
+* for reports, ``probe_misfit``: how far that shared line misses each probe's own
+  steps at each R (its mean residual less the line's, over its mean cycle). On the
+  trained models, five probes of one machine's state missed mtp1's steps by -5% to
+  +5% at a given R (means over the five -1.1% to +1.5%): each probe's noise, not a
+  lean of the line to one policy.
 
 :meth:`LoopCosts.fold` writes them into the profile's own form: draft entries
 scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
@@ -54,7 +59,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -118,6 +123,9 @@ class LoopCosts:
     host_per_request_s: float
     host_per_verified_token_s: float
     num_steps: int  # probe steps the medians and fits come from
+    # probe name -> [NR] its steps' mean residual minus the line's mean over them, as a share of their mean cycle
+    # (how far the shared a_R + c B misses that probe's own steps; a report, not folded into the tables)
+    probe_misfit: dict[str, list[float]] = field(default_factory=dict)
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -242,8 +250,20 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
     prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
+    line_s = s["users"].map(dict(zip(probed, coef[:-1], strict=True))) + coef[-1] * s["batch_tokens"]
     return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]), prefill_factor,
-                     float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s))
+                     float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
+                     probe_misfit(s.assign(line_s=line_s), probed))
+
+
+def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:
+    """Per probe (``mtp<g>`` or the variable-length one) and probed R: the mean of its steps' ``residual_s`` minus
+    the fitted ``line_s`` over them, over their mean ``cycle_s`` (columns users, draft_tokens, static). A shared
+    line that suits every probe leaves each near 0 within the probe's noise; one that leans on a probe shows here."""
+    name = np.where(steps["static"], "mtp" + steps["draft_tokens"].astype(str), VariableLength.name)
+    means = steps.assign(probe=name).groupby(["probe", "users"])[["residual_s", "line_s", "cycle_s"]].mean()
+    share = (means["residual_s"] - means["line_s"]) / means["cycle_s"]
+    return {probe: [float(share.get((probe, r), np.nan)) for r in probed] for probe in sorted(set(name))}
 
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
