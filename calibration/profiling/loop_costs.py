@@ -32,10 +32,7 @@ would leave out):
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
 * for reports, ``probe_misfit``: how far that shared line misses each probe's own
-  steps at each R (its mean residual less the line's, over its mean cycle). On the
-  trained models, five probes of one machine's state missed mtp1's steps by -5% to
-  +5% at a given R (means over the five -1.1% to +1.5%): each probe's noise, not a
-  lean of the line to one policy.
+  steps at each R (``docs/validation.md``, "What the profile had to learn").
 
 :meth:`LoopCosts.fold` writes them into the profile's own form: draft entries
 scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
@@ -257,9 +254,8 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
 
 
 def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:
-    """Per probe (``mtp<g>`` or the variable-length one) and probed R: the mean of its steps' ``residual_s`` minus
-    the fitted ``line_s`` over them, over their mean ``cycle_s`` (columns users, draft_tokens, static). A shared
-    line that suits every probe leaves each near 0 within the probe's noise; one that leans on a probe shows here."""
+    """Per probe (``mtp<g>``, the variable-length one) and probed R: its steps' mean ``residual_s`` less their mean
+    ``line_s`` (the fit), over their mean ``cycle_s`` (columns users, draft_tokens, static); 0: the line fits it."""
     name = np.where(steps["static"], "mtp" + steps["draft_tokens"].astype(str), VariableLength.name)
     means = steps.assign(probe=name).groupby(["probe", "users"])[["residual_s", "line_s", "cycle_s"]].mean()
     share = (means["residual_s"] - means["line_s"]) / means["cycle_s"]
