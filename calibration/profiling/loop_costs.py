@@ -247,10 +247,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
     prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
-    line_s = s["users"].map(dict(zip(probed, coef[:-1], strict=True))) + coef[-1] * s["batch_tokens"]
     return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]), prefill_factor,
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
-                     probe_misfit(s.assign(line_s=line_s), probed))
+                     probe_misfit(s.assign(line_s=design @ coef), probed))
 
 
 def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:
