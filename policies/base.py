@@ -193,7 +193,9 @@ class Policy(Protocol):
     every step; ``lossless`` says whether the policy keeps the target
     distribution exactly (see docs/lossless.md); ``history_steps`` is how many
     earlier pools the engine must keep for it; ``needs_outcomes`` is only true
-    for the oracle.
+    for the oracle; ``reads_cost`` false says that ``decide`` never reads
+    ``view.cost``, so a real loop need not build the step's cost curve for it
+    (static rules; a real engine prices nothing for them either).
     """
 
     name: str
@@ -201,6 +203,7 @@ class Policy(Protocol):
     lossless: bool
     history_steps: int
     needs_outcomes: bool
+    reads_cost: bool
 
     def draft_tokens(self, gamma: int) -> int:
         """How many tokens the drafter proposes per request and step."""
@@ -217,6 +220,7 @@ class PolicyTraits:
     lossless: ClassVar[bool] = True
     history_steps: ClassVar[int] = 0
     needs_outcomes: ClassVar[bool] = False
+    reads_cost: ClassVar[bool] = True
 
     def draft_tokens(self, gamma: int) -> int:
         return gamma

@@ -17,6 +17,7 @@ class NoSpeculation(PolicyTraits):
     """Plain decoding: no drafter runs and every request verifies nothing (l_r = 0)."""
 
     name: ClassVar[str] = "none"
+    reads_cost: ClassVar[bool] = False
 
     def draft_tokens(self, gamma: int) -> int:
         return 0
@@ -38,6 +39,7 @@ class Mtp(PolicyTraits):
 
     k: int = 1
     name: ClassVar[str] = "mtp"
+    reads_cost: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.k < 1:

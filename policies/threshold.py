@@ -29,6 +29,7 @@ class Threshold(PolicyTraits):
     variant: Literal["prefix", "position"] = "position"
     name: ClassVar[str] = "threshold"
     synchronous: ClassVar[bool] = True
+    reads_cost: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.theta <= 1.0:

@@ -83,3 +83,23 @@ def test_a_policy_reading_true_outcomes_is_refused(verifier: Verifier) -> None:
     drafter = build_drafter("dflash", verifier, torch.Generator().manual_seed(5), num_layers=1)
     with pytest.raises(ValueError, match="true outcomes"):
         SpeculativeDecoder(verifier, drafter, make_policy("oracle"), FLAT_COST, gamma=3)
+
+
+@pytest.mark.parametrize("name, builds", [("mtp1", 0), ("greedy", 3)])
+def test_the_loop_builds_a_cost_curve_only_for_policies_that_read_it(verifier: Verifier, name: str,
+                                                                     builds: int) -> None:
+    """Building the step's cost curve is host time in every step; a static policy never reads it, and no engine
+    running one spends it, so the loop must not build it for such a policy (nor would the loop probe's static
+    steps, which price mtp1's)."""
+    calls = []
+
+    def cost(num_requests: int) -> CostCurve:
+        calls.append(num_requests)
+        return FLAT_COST
+
+    drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(5), num_layers=1, std=0.1)
+    decoder = SpeculativeDecoder(verifier, drafter, make_policy(name), cost, gamma=3)
+    decoder.start([list(p) for p in PROMPTS], max_new_tokens=8)
+    for seed in range(3):
+        decoder.step(np.random.default_rng(seed), torch.Generator().manual_seed(seed))
+    assert len(calls) == builds

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import PolicyMemory, make_policy
+from policies import PolicyMemory, make_policy, policy_classes
 from policies.base import Decision, StepView, path_throughput, prefix_survival, sorted_candidates, top_k_lengths
 from policies.dspark import DSpark
 from policies.greedy import GlobalSync, Greedy, early_stop_count
@@ -253,3 +253,39 @@ def test_hand_written_inits_take_exactly_the_fields(cls):
         setattr(value, fields[0].name, None)
     copy = dataclasses.replace(value)  # replace() goes through __init__ with every field
     assert all(getattr(copy, f.name) is getattr(value, f.name) for f in fields)
+
+
+class _UnreadableCost:
+    """A cost curve that fails on any use: what a policy declaring ``reads_cost = False`` must never touch."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the policy read view.cost.{name}")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, cls in policy_classes().items() if not cls.reads_cost))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_a_policy_that_reads_no_cost_decides_without_it(name, data):
+    """The real loop hands policies with ``reads_cost = False`` no cost curve (building one costs host time every
+    step): their decisions must not depend on it."""
+    policy = make_policy(name)
+    num_requests, gamma = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5))
+    conf = np.array(data.draw(st.lists(st.floats(0.0, 1.0), min_size=num_requests * gamma,
+                                       max_size=num_requests * gamma))).reshape(num_requests, gamma)
+    budget = data.draw(st.none() | st.integers(num_requests, num_requests * (1 + gamma)))
+    history = (np.full((num_requests, gamma), 0.5),) * policy.history_steps
+    priced = policy.decide(StepView(conf, curve([1.0] * 64), history=history, token_budget=budget))
+    blind = policy.decide(StepView(conf, _UnreadableCost(), history=history, token_budget=budget))
+    assert blind.lengths.tolist() == priced.lengths.tolist() and blind.capacity == priced.capacity
+
+
+@pytest.mark.parametrize("name", sorted(n for n, cls in policy_classes().items() if cls.reads_cost))
+def test_the_policies_that_keep_reads_cost_do_read_it(name):
+    """The other side: each policy left at ``reads_cost = True`` really prices its steps, so the flag is not
+    merely conservative (a policy that reads nothing should say so and save the loop the curve)."""
+    policy = make_policy(name)
+    conf = np.full((3, 4), 0.7)
+    view = StepView(conf, _UnreadableCost(), history=(conf,) * policy.history_steps,
+                    smoothed=np.full((3, 4), np.nan), accepted=np.array([1, 2, 3]))
+    with pytest.raises(AssertionError, match="read view.cost"):
+        policy.decide(view)

@@ -80,9 +80,9 @@ from calibration.profiling.policy_steps import (
 from calibration.profiling.step_prices import batch_contexts
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
-from calibration.serving.specdec import FLAT_COST, ContextCost
+from calibration.serving.specdec import FLAT_COST
 from policies import make_policy
-from policies.base import CostCurve, Decision, PolicyTraits, StepView, prefix_survival, trim_to_budget
+from policies.base import Decision, PolicyTraits, StepView, prefix_survival, trim_to_budget
 from simulator.costs import HardwareProfile, profile_from_dict
 from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
@@ -95,6 +95,7 @@ class VariableLength(PolicyTraits):
     that the probe's steps have the varying, padded shapes a dynamic policy's steps have, at no decision cost."""
 
     name: ClassVar[str] = "varlen-probe"
+    reads_cost: ClassVar[bool] = False
 
     def decide(self, view: StepView) -> Decision:
         spread = np.modf(np.asarray(view.confidence[:, 0], dtype=np.float64) * 9973.0)[0]
@@ -183,13 +184,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     """Run the serving loop with mtp1 and mtp<gamma> at each R and measure :class:`LoopCosts` against ``isolated``.
     ``max_lengths``: the longest prompt and output (default: 4 x the medians); ``clock``: the loop's clock (the one
     the runs this profile is compared with use)."""
-    # Static policies never read the cost curve: a flat one keeps the probe independent of the profile. A profile
-    # that prices context is priced as the loop will price it (the curve is computed every step, for every policy:
-    # host time the residual must hold).
-    cost: CostCurve | ContextCost = FLAT_COST
-    if isolated.uses_context(drafter.kind):
-        cost = ContextCost(lambda r, contexts: isolated.step_cost_curve(drafter.kind, r, gamma, contexts))
-    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), cost, "loop-cost probe")
+    # None of the probe's policies reads the cost curve (``reads_cost``), so the loop never builds one for them, as
+    # it does not for mtp1 when serving; a policy that prices its steps pays for its curve in its own step probe.
+    models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size), FLAT_COST, "loop-cost probe")
     max_prompt, max_output = max_lengths or (int(np.ceil(4 * lengths.prompt_median_tokens)),
                                              int(np.ceil(4 * lengths.output_median_tokens)))
     gammas = tuple(sorted({1, gamma}))
