@@ -200,10 +200,8 @@ class SpeculativeDecoder:
         num_draft = self.policy.draft_tokens(self.gamma)
         draft, draft_tokens, q_rows, confidence = self._draft(slots, num_draft, generator)
         ids = tuple(range(num_requests))
-        # A policy that never reads the cost gets the flat curve: building the real one costs 0.1-0.3 ms of host
-        # time a step, which no engine running a static rule spends (and the loop probe's static steps do not).
-        curve = self._curve(num_requests) if getattr(self.policy, "reads_cost", True) else FLAT_COST
-        decision = self.policy.decide(self.memory.view(ids, confidence, curve, token_budget=self.token_budget))
+        decision = self.policy.decide(self.memory.view(ids, confidence, self._curve(num_requests),
+                                                       token_budget=self.token_budget))
         lengths = check_decision(self.policy, decision, num_requests, num_draft, self.token_budget)
 
         anchors = self.anchors.cpu().numpy()
@@ -250,6 +248,8 @@ class SpeculativeDecoder:
         return draft, draft.tokens.cpu().numpy(), _as_numpy_rows(draft.probs), confidence
 
     def _curve(self, num_requests: int) -> CostCurve:
+        if not self.policy.reads_cost:  # building the real curve costs 0.1-0.3 ms of host time a step, which no
+            return FLAT_COST  # engine running a static rule spends (nor do the loop probe's static steps)
         if isinstance(self.cost, ContextCost):
             return self.cost.curve(num_requests, self.cache.lengths[:num_requests].numpy().copy())
         return cost_for(self.cost, num_requests)
