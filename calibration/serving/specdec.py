@@ -248,8 +248,10 @@ class SpeculativeDecoder:
         return draft, draft.tokens.cpu().numpy(), _as_numpy_rows(draft.probs), confidence
 
     def _curve(self, num_requests: int) -> CostCurve:
-        if not self.policy.reads_cost:  # building the real curve costs 0.1-0.3 ms of host time a step, which no
-            return FLAT_COST  # engine running a static rule spends (nor do the loop probe's static steps)
+        # Building the real curve costs 0.1-0.3 ms of host time a step, which no engine running a static rule
+        # spends (nor do the loop probe's static steps): a policy that never reads it gets the flat one.
+        if not self.policy.reads_cost:
+            return FLAT_COST
         if isinstance(self.cost, ContextCost):
             return self.cost.curve(num_requests, self.cache.lengths[:num_requests].numpy().copy())
         return cost_for(self.cost, num_requests)
