@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from calibration.models.model import Block, KVCache, RMSNorm, Verifier, VerifierOutput, attend, init_weights
-from calibration.models.shapes import DRAFT_KINDS, DrafterKind, default_drafters
+from calibration.models.shapes import DRAFT_KINDS, DrafterKind, ModelShape, default_drafters
 
 SequentialHead = Literal["markov", "rnn"]
 
@@ -270,6 +270,12 @@ class AutoregressiveDrafter(Drafter):
             tokens.append(previous)
             rows.append(probs)
         return DraftOutput(torch.stack(tokens, 1), torch.stack(rows, 1), None)
+
+
+def drafter_num_layers(kind: str, shape: ModelShape, max_depth: int = 16) -> int:
+    """Layers :func:`build_drafter` gives a drafter of ``kind`` by default: mtp chains one module per draft depth
+    (``max_depth``), the others take :func:`calibration.models.shapes.default_drafters`' count."""
+    return max_depth if kind == "mtp" else default_drafters(shape)[kind].num_layers
 
 
 def build_drafter(kind: str, target: Verifier, generator: torch.Generator, *, num_layers: int | None = None,

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from calibration.models.drafters import drafter_num_layers
 from calibration.models.model import Verifier
-from calibration.models.shapes import default_drafters
 
 if TYPE_CHECKING:
     from calibration.profiling.measure import ProfileConfig
@@ -38,7 +38,7 @@ def request_slots(cfg: ProfileConfig, model: Verifier, device: torch.device) -> 
     slots = kv_slots_that_fit(cfg, model, device, cfg.probe_context_tokens)
     if not cfg.drafters or slots is None:
         return slots
-    layers = max(default_drafters(model.s)[kind].num_layers for kind in cfg.drafters)
+    layers = max(drafter_num_layers(kind, model.s, max(cfg.draft_tokens)) for kind in cfg.drafters)
     draft_slots = kv_slots_that_fit(cfg, model, device, max(cfg.context_axes.drafter_contexts))
     return min(slots, int(draft_slots * model.s.num_layers / layers))  # type: ignore[operator]
 
