@@ -1,8 +1,9 @@
 """The profiler's CUDA-graph tables, its drafter context axis and its memory hygiene (CPU-only checks).
 
-``tests/data/h200_tiny_v2_cuda_graphs.json`` is a real measurement: ``python -m calibration.profile_gpu --preset tiny
---format-version 2 --quick --drafters dspark,mtp --cuda-graphs 16`` on an NVIDIA H200 (torch 2.11.0+cu130, code at
-37e0f4b), the smoke run of the GPU session described in docs/calibration.md.
+``simulator/profiles/h200_qwen3-8b_v2_measured.json`` is the Qwen3-8B-shaped profile of the 2026-12-04 H200
+session (its commands are in docs/calibration.md). ``tests/data/h200_tiny_v2_cuda_graphs.json`` is a real measurement:
+``python -m calibration.profile_gpu --preset tiny --format-version 2 --quick --drafters dspark,mtp --cuda-graphs 16``
+on an NVIDIA H200 (torch 2.11.0+cu130, code at 37e0f4b), the smoke run of the 2026-12-01 GPU session.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from calibration.models.drafters import build_drafter
+from calibration.models.drafters import build_drafter, drafter_num_layers
 from calibration.models.model import build_verifier
 from calibration.profiling.calls import chunk_call, draft_call
+from calibration.profiling.compare import compare_figure
 from calibration.profiling.graphs import graph_tables
+from calibration.profiling.memory import request_slots
+from calibration.profiling.profile_gpu import config_from_args, parse_args
 from calibration.profiling.profile_gpu import main as profile_main
 from simulator.costs import load_profile
 
@@ -83,3 +87,48 @@ def test_a_timed_point_leaves_no_cache_on_the_drafter() -> None:
     assert drafter.cache is None and drafter.last_feature is None
     chunk_call(model, model, drafter, torch.device("cpu"), gen, 8, 4)()()
     assert drafter.cache is None
+
+
+@pytest.mark.parametrize("kind", ["mtp", "dspark", "eagle3"])
+def test_the_memory_check_sizes_a_drafter_cache_as_the_drafter_builds_it(kind: str) -> None:
+    """An mtp drafter chains one module per draft depth: its cache per request is max(gamma) layers deep (the check
+    once counted one layer, and a Qwen3-8B profile ran out of GPU memory at mtp, 16,384 tokens, 128 requests)."""
+    gen = torch.Generator().manual_seed(0)
+    model = build_verifier("tiny", gen)
+    drafter = build_drafter(kind, model, gen, max_depth=16)
+    assert len(drafter.layers) == drafter_num_layers(kind, model.s, 16)
+    budget_gb = 0.05
+    cfg = config_from_args(parse_args(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters",
+                                       kind, "--requests", "1,2,4,8,16,32,64,128,256,512,1024,2048",
+                                       "--draft-tokens", "1,16", "--context-tokens", "0,64", "--draft-contexts",
+                                       "0,4096", "--probe-context", "0", "--kv-budget-gb", str(budget_gb),
+                                       "--out", "unused.json"]))
+    drafter.new_cache(1, 4096 + 16 + 1)  # the longest drafter context and the draft tokens, as the check counts
+    cache_bytes = (drafter.cache.k.numel() + drafter.cache.v.numel()) * drafter.cache.k.element_size()
+    fits = budget_gb * 1e9 / cache_bytes
+    # the check counts whole verifier-depth slots first, so it may round down by up to that depth's share
+    assert fits - model.s.num_layers / len(drafter.layers) - 1 <= request_slots(cfg, model, torch.device("cpu")) <= fits
+
+
+def test_the_shipped_h200_qwen3_8b_profile_is_a_measurement_with_its_provenance() -> None:
+    profile = load_profile("h200_qwen3-8b_v2_measured")
+    meta = profile.metadata
+    assert profile.source == "measured" and meta["device"] == "NVIDIA H200" and meta["model"] == "qwen3-8b"
+    assert len(meta["code_revision"]) == 40 and meta["torch"].startswith("2.11.0")
+    assert meta["second_run"]["tables"] == ["draft.dflash", "draft.eagle3"]
+    assert sorted(profile.draft) == ["dflash", "dspark", "eagle3", "mtp"]
+    assert "not fit for context-length studies" in meta["note"]  # the attention tables are at noise level
+    assert not profile.is_eager(512) and profile.is_eager(513)
+    # what the file shows: a cliff at the largest captured size (eager 39 ms against 23 ms replayed at 512 tokens),
+    # and each eager drafter step of four tokens costs about as much as a whole graph-replayed verify step
+    assert profile.dense_s(513) > 1.5 * profile.dense_s(512)
+    assert all(profile.draft_s(kind, 1, 4, 0.0) > 0.5 * profile.dense_s(8) for kind in profile.draft)
+
+
+def test_the_comparison_figure_names_each_file_and_code_revision() -> None:
+    measured, analytic = load_profile("h200_qwen3-8b_v2_measured"), load_profile("h200_qwen3-8b_v2_analytic")
+    fig = compare_figure([measured, analytic])
+    title = fig._suptitle.get_text()  # type: ignore[union-attr]
+    assert f"code {measured.metadata['code_revision'][:12]}" in title and "(measured)" in title
+    assert "h200_qwen3-8b_v2_analytic.json, code revision not recorded" in title
+    assert len(fig.axes) == 4 and all(ax.lines for ax in fig.axes)

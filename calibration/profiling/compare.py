@@ -1,10 +1,14 @@
-"""Plot measured against analytic step rates.
+"""Plot measured against analytic profiles, panel by panel.
 
     python -m calibration.compare MEASURED.json ANALYTIC.json --out fig.png
 
-Left: SPS(B), steps per second over batch tokens; right: B x SPS(B), batch tokens per
-second. Every curve is labelled with its profile's own source (measured/analytic),
-model and device, so a figure can never pass one off as the other.
+Top: SPS(B), steps per second over batch tokens, and B x SPS(B), batch tokens per
+second (the dense verify cost; a CUDA-graph cliff shows as a drop). Bottom: the
+drafters' step latency over requests at context 0 (every drafter kind the profiles
+share, at one gamma), and one prefill's latency over prompt tokens. Every curve is
+labelled with its profile's own source (measured/analytic), model and device, and
+the title names each file and the code revision that wrote it, so a figure can
+never pass one off as the other.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -21,34 +26,84 @@ from simulator.costs import HardwareProfile, load_profile  # noqa: E402
 
 STYLES = {"measured": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
           "analytic": {"color": "tab:orange", "linestyle": "--"}}
+KIND_STYLES = ("-", "--", ":", "-.")
+DRAFT_TOKENS = 8  # the gamma of the drafter panel (the nearest one every profile has, if not 8)
+
+
+def _provenance(p: HardwareProfile) -> str:
+    """One title line: what the profile is, its file and the code that wrote it."""
+    revision = p.metadata.get("code_revision")
+    code = f"code {str(revision)[:12]}" if revision else "code revision not recorded"
+    return f"{p.label}: {Path(p.path).name}, {code}, created {p.metadata.get('created', '?')}"
+
+
+def _common_gamma(profiles: list[HardwareProfile], kinds: list[str]) -> int | None:
+    """The gamma of the drafter panel: DRAFT_TOKENS if every table has it, else the nearest gamma all share."""
+    shared = set.intersection(*({int(g) for g in p.draft[k].draft_tokens} for p in profiles for k in kinds))
+    if not shared:
+        return None
+    return min(shared, key=lambda g: (abs(g - DRAFT_TOKENS), g))
+
+
+def _draft_panel(ax: plt.Axes, profiles: list[HardwareProfile]) -> None:
+    kinds = [k for k in profiles[0].draft if all(k in p.draft for p in profiles)]
+    gamma = _common_gamma(profiles, kinds) if kinds else None
+    if gamma is None:
+        ax.text(0.5, 0.5, "no drafter table common to the profiles", ha="center", transform=ax.transAxes)
+        return
+    for p in profiles:
+        for i, kind in enumerate(kinds):
+            style = {**STYLES.get(p.source, {}), "linestyle": KIND_STYLES[i % len(KIND_STYLES)]}
+            table = p.draft[kind]
+            context = None if table.context_tokens is None else 0.0
+            requests = table.num_requests
+            latency_ms = [1e3 * p.draft_s(kind, int(r), gamma, context) for r in requests]
+            ax.plot(requests, latency_ms, label=f"{kind}, {p.source}", **style)
+    ax.set(xscale="log", yscale="log", xlabel="requests R", ylabel="draft step latency [ms]",
+           title=f"drafter step, gamma = {gamma}, context 0")
+
+
+def _prefill_panel(ax: plt.Axes, profiles: list[HardwareProfile]) -> None:
+    for p in profiles:
+        if p.prefill_table is not None:
+            prompts = p.prefill_table.x[p.prefill_table.x >= 1]
+        else:
+            prompts = np.geomspace(1, 16384, 30)
+        ax.plot(prompts, 1e3 * np.asarray(p.prefill_s(prompts)), label=p.label, **STYLES.get(p.source, {}))
+    ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="prefill latency [ms]",
+           title="one request's prefill")
 
 
 def compare_figure(profiles: list[HardwareProfile]) -> plt.Figure:
-    """The two-panel comparison figure of ``profiles`` (any number, usually one measured and one analytic)."""
+    """The four-panel comparison figure of ``profiles`` (any number, usually one measured and one analytic)."""
     if not profiles:
         raise ValueError("nothing to compare: pass at least one profile")
-    fig, (ax_sps, ax_tps) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.4), constrained_layout=True)
+    (ax_sps, ax_tps), (ax_draft, ax_prefill) = axes
     for p in profiles:
         batch, sps = p.verify_sps.x, p.verify_sps.y
         style = STYLES.get(p.source, {})
         ax_sps.plot(batch, sps, label=p.label, **style)
         ax_tps.plot(batch, batch * sps, label=p.label, **style)
     ax_sps.set(xscale="log", yscale="log", xlabel="batch tokens B", ylabel="steps per second SPS(B)",
-               title="verify step rate")
+               title="verify step rate (context 0)")
     ax_tps.set(xscale="log", yscale="log", xlabel="batch tokens B", ylabel="B x SPS(B)  [tokens/s]",
                title="verified tokens per second")
-    for ax in (ax_sps, ax_tps):
+    _draft_panel(ax_draft, profiles)
+    _prefill_panel(ax_prefill, profiles)
+    for ax in axes.flat:
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(" vs ".join(f"{p.metadata.get('model', '?')} on {p.metadata.get('device', '?')} ({p.source})"
-                             for p in profiles), fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle("\n".join(_provenance(p) for p in profiles), fontsize=8)
     return fig
 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(
         prog="python -m calibration.compare",
-        description="Plot measured vs analytic SPS(B) of two hardware profiles (files or built-in names).")
+        description="Plot measured vs analytic costs of two hardware profiles (files or built-in names): verify "
+                    "step rate, verified tokens/s, drafter latency and prefill latency.")
     parser.add_argument("measured", help="measured profile (path or built-in name)")
     parser.add_argument("analytic", help="analytic profile (path or built-in name)")
     parser.add_argument("--out", required=True, type=Path, help="figure path (.png, .pdf, .svg)")
