@@ -19,9 +19,11 @@ from calibration.models.model import build_verifier
 from calibration.profiling.calls import chunk_call, draft_call
 from calibration.profiling.compare import compare_figure
 from calibration.profiling.graphs import graph_tables
+from calibration.profiling.measure_context import ContextAxes, context_blocks, difference_pairs
 from calibration.profiling.memory import request_slots
 from calibration.profiling.profile_gpu import config_from_args, parse_args
 from calibration.profiling.profile_gpu import main as profile_main
+from calibration.profiling.timing import Prepare
 from simulator.costs import load_profile
 
 GPU_FILE = Path(__file__).parent / "data" / "h200_tiny_v2_cuda_graphs.json"
@@ -132,3 +134,25 @@ def test_the_comparison_figure_names_each_file_and_code_revision() -> None:
     assert f"code {measured.metadata['code_revision'][:12]}" in title and "(measured)" in title
     assert "h200_qwen3-8b_v2_analytic.json, code revision not recorded" in title
     assert len(fig.axes) == 4 and all(ax.lines for ax in fig.axes)
+
+
+def test_with_graphs_on_the_attention_pairs_are_captured_and_the_chunk_pairs_are_not() -> None:
+    """The first Qwen3-8B profile on an H200 took attention as differences of two eager forwards of about 40 ms,
+    whose launch jitter buried every entry; with --cuda-graphs the attention pairs are replayed as graphs."""
+    gen = torch.Generator().manual_seed(0)
+    model = build_verifier("tiny", gen)
+    axes = ContextAxes((0, 32, 64), (1, 3), (8,), (0, 16), 2, (), (0,))
+    captured: list[Prepare] = []
+
+    def capture(prepare: Prepare) -> Prepare:
+        captured.append(prepare)
+        return prepare
+    drafters = {"dspark": build_drafter("dspark", model, gen, max_depth=2)}
+    pairs = difference_pairs(axes, model, model, torch.device("cpu"), gen, drafters, lambda n: [n], capture)
+    attention = [(base, point) for label, base, point in pairs if label.startswith("attention")]
+    assert len(attention) == 2 * 2 and captured == [p for pair in attention for p in pair]
+    assert len(pairs) == len(attention) + 2  # the chunk pairs, eager
+    _, notes = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), (), (1,), (1,), attention_replayed=True)
+    assert "both forwards replayed as CUDA graphs" in notes["attention_definition"]
+    _, eager = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), (), (1,), (1,))
+    assert "CUDA graphs" not in eager["attention_definition"]

@@ -13,9 +13,11 @@ turns the eager and the replayed times into the version-2 form:
 * ``cuda_graphs``: ``max_captured_tokens`` N and ``eager`` - the eager steps over the
   whole grid, which replace the verify table above N.
 
-Only the dense verify table is captured; attention, chunk, prefill and drafter tables
-are eager times (attention and chunk entries are differences of two eager forwards,
-in which the launch cost cancels).
+The dense verify table and the attention table's pairs of forwards are captured; chunk,
+prefill and drafter tables are eager times. An attention entry is the difference of two
+forwards: eagerly, their launch cost cancels on average, but its jitter (milliseconds
+on a 36-layer model) does not, and it buried every attention difference of the first
+Qwen3-8B profile on an H200 (docs/calibration.md).
 """
 
 from __future__ import annotations
@@ -76,4 +78,5 @@ def cuda_graphs_note(device: torch.device, max_captured_tokens: int | None) -> s
         return ("not measured: the verifier ran eagerly (no --cuda-graphs), so the tables are eager costs and no "
                 "cuda_graphs block is written")
     return (f"measured: the dense verify table is CUDA-graph replay up to {max_captured_tokens} batch tokens, eager "
-            "above (cuda_graphs.eager); every other table is eager")
+            "above (cuda_graphs.eager); the attention table's forwards are replayed too; chunk, prefill and drafter "
+            "tables are eager")

@@ -17,7 +17,8 @@ synchronised around each run; building index tensors on the host is excluded):
   one committed token per request to the drafter's context.
 * prefill: one request of n1 and of n2 tokens; tokens_per_s = (n2 - n1) / (t2 - t1).
 * version 2 with ``cuda_graph_tokens`` N (CUDA): the verify points up to N again, as CUDA-graph
-  replay, timed first (:mod:`calibration.profiling.graphs`).
+  replay, timed first (:mod:`calibration.profiling.graphs`); the attention table's pairs of forwards are
+  replayed as graphs as well.
 
 Scheduler costs are host-side policy time: by default the profile carries the
 roofline's documented assumptions for them, flagged in metadata. With
@@ -230,11 +231,13 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                                   tuple(tuple(next(times) for _ in cfg.draft_tokens) for _ in cfg.num_requests))
                  for kind in drafters}
     else:
+        replay = cfg.cuda_graph_tokens is not None  # graphs on: the attention pairs are replayed too
         differences = time_differences(difference_pairs(axes, model, forward, device, gen, drafters,
-                                                        lambda n: split_tokens(n, cfg.query_tokens)),
+                                                        lambda n: split_tokens(n, cfg.query_tokens),
+                                                        graph_call if replay else None),
                                        cfg.warmup, cfg.repeats, device, on_point)
         blocks, notes = context_blocks(axes, iter(differences), times, cfg.drafters, cfg.num_requests,
-                                       cfg.draft_tokens)
+                                       cfg.draft_tokens, attention_replayed=replay)
         draft = {}
         metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
         if graph_s:

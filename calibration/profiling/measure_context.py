@@ -102,17 +102,21 @@ class ContextAxes:
 
 
 def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
-                     gen: torch.Generator, drafters: dict[str, Drafter],
-                     dense_layout: Callable[[int], list[int]]) -> list[tuple[str, Prepare, Prepare]]:
+                     gen: torch.Generator, drafters: dict[str, Drafter], dense_layout: Callable[[int], list[int]],
+                     capture: Callable[[Prepare], Prepare] | None = None) -> list[tuple[str, Prepare, Prepare]]:
     """The tables that are differences, for :func:`~calibration.profiling.timing.time_differences`, in the order
     :func:`context_blocks` reads them: (label, base, point).
 
-    Attention: the forward of A requests of q tokens at context 0, then at context C, for every C > 0 and q. Chunk
-    attention: the dense table's forward of n batch tokens (requests laid out by ``dense_layout(n)``), then the
-    chunk of n tokens over P computed ones."""
+    Attention: the forward of A requests of q tokens at context 0, then at context C, for every C > 0 and q; with
+    ``capture`` (a CUDA-graph capture, :func:`calibration.profiling.graphs.graph_call`) both forwards are replayed
+    as graphs, so the jitter of launching every kernel from Python stays out of a difference of a few
+    milliseconds. Chunk attention: the dense table's forward of n batch tokens (requests laid out by
+    ``dense_layout(n)``), then the chunk of n tokens over P computed ones (eager: the chunk builds the drafter's
+    context too)."""
     a = axes.attention_requests
-    pairs = [(f"attention C={c} q={q}", verify_call(model, forward, device, gen, a * q, [q] * a, 0),
-              verify_call(model, forward, device, gen, a * q, [q] * a, c))
+    wrap = capture if capture is not None else (lambda prepare: prepare)
+    pairs = [(f"attention C={c} q={q}", wrap(verify_call(model, forward, device, gen, a * q, [q] * a, 0)),
+              wrap(verify_call(model, forward, device, gen, a * q, [q] * a, c)))
              for c in axes.contexts[1:] for q in axes.queries]
     first = next(iter(drafters.values()), None)
     pairs += [(f"chunk P={p} n={n}", verify_call(model, forward, device, gen, n, dense_layout(n), 0),
@@ -138,10 +142,11 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
 
 
 def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Iterator[float], kinds: tuple[str, ...],
-                   num_requests: tuple[int, ...],
-                   draft_tokens: tuple[int, ...]) -> tuple[Version2Blocks, dict[str, Any]]:
+                   num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
+                   attention_replayed: bool = False) -> tuple[Version2Blocks, dict[str, Any]]:
     """The version-2 blocks from the differences of :func:`difference_pairs` and the times of
-    :func:`context_points` (same orders). Returns the blocks and their metadata."""
+    :func:`context_points` (same orders). Returns the blocks and their metadata (``attention_replayed``: the
+    attention pairs were CUDA-graph replays)."""
     a, clipped = axes.attention_requests, 0
     attention = [tuple(0.0 for _ in axes.queries)]  # context 0: the dense part, nothing added
     for _ in axes.contexts[1:]:
@@ -165,8 +170,10 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
         draft=draft)
     meta = {
         "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
-                                 f"{a}: the median of the differences of rounds in which the two run back to back; "
-                                 "the verifier pads keys to the longest context in a batch (key_padding longest)"),
+                                 f"{a}: the median of the differences of rounds in which the two run back to back"
+                                 + ("; both forwards replayed as CUDA graphs" if attention_replayed else "")
+                                 + "; the verifier pads keys to the longest context in a batch (key_padding "
+                                 "longest)"),
         "chunk_attention_definition": ("t(one request of an n-token chunk over P computed tokens, with the "
                                        f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - t(the "
                                        "verify table's forward of n batch tokens): the median of the differences of "
@@ -185,10 +192,3 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
     }
     return blocks, meta
 
-
-def cuda_graphs_note(device: torch.device) -> str:
-    """What the profile says about CUDA graphs (it has no cuda_graphs block)."""
-    if device.type != "cuda":
-        return f"none: measured on {device.type}, which has no CUDA graphs; no cuda_graphs block, no cliff"
-    return ("not measured: this profiler runs the verifier eagerly (no CUDA-graph capture), so the tables are eager "
-            "costs and no cuda_graphs block is written")
