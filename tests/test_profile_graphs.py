@@ -20,7 +20,7 @@ from calibration.profiling.calls import chunk_call, draft_call
 from calibration.profiling.compare import compare_figure
 from calibration.profiling.graphs import graph_tables
 from calibration.profiling.measure_context import ContextAxes, context_blocks, difference_pairs
-from calibration.profiling.memory import request_slots
+from calibration.profiling.memory import drafter_slots, fit_requests
 from calibration.profiling.profile_gpu import config_from_args, parse_args
 from calibration.profiling.profile_gpu import main as profile_main
 from calibration.profiling.timing import Prepare
@@ -109,7 +109,23 @@ def test_the_memory_check_sizes_a_drafter_cache_as_the_drafter_builds_it(kind: s
     cache_bytes = (drafter.cache.k.numel() + drafter.cache.v.numel()) * drafter.cache.k.element_size()
     fits = budget_gb * 1e9 / cache_bytes
     # the check counts whole verifier-depth slots first, so it may round down by up to that depth's share
-    assert fits - model.s.num_layers / len(drafter.layers) - 1 <= request_slots(cfg, model, torch.device("cpu")) <= fits
+    slots = drafter_slots(cfg, model, torch.device("cpu"), kind)
+    assert fits - model.s.num_layers / len(drafter.layers) - 1 <= slots <= fits  # type: ignore[operator]
+
+
+def test_each_drafter_grid_is_cut_by_its_own_cache() -> None:
+    """A 16-module mtp chain cuts its own R grid, not dspark's (5 layers) nor the verifier's."""
+    gen = torch.Generator().manual_seed(0)
+    model = build_verifier("tiny", gen)
+    cfg = config_from_args(parse_args(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters",
+                                       "dspark,mtp", "--requests", "1,4,16,64,256", "--draft-tokens", "1,16",
+                                       "--context-tokens", "0,64", "--draft-contexts", "0,4096", "--probe-context",
+                                       "0", "--kv-budget-gb", "0.2", "--out", "unused.json"]))
+    cut, note = fit_requests(cfg, model, torch.device("cpu"))
+    grids = cut.draft_grids()
+    assert cut.num_requests == (1, 4, 16, 64, 256)  # the verifier's caches at the probe context fit
+    assert grids == {"dspark": (1, 4, 16), "mtp": (1, 4)}  # 95 slots of 2 layers: 38 of 5 layers, 11 of 16
+    assert note is not None and "the mtp drafter's caches: R grid cut from 256" in note
 
 
 def test_the_shipped_h200_qwen3_8b_profile_is_a_measurement_with_its_provenance() -> None:
@@ -152,7 +168,23 @@ def test_with_graphs_on_the_attention_pairs_are_captured_and_the_chunk_pairs_are
     attention = [(base, point) for label, base, point in pairs if label.startswith("attention")]
     assert len(attention) == 2 * 2 and captured == [p for pair in attention for p in pair]
     assert len(pairs) == len(attention) + 2  # the chunk pairs, eager
-    _, notes = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), (), (1,), (1,), attention_replayed=True)
+    _, notes = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), {}, (1,), attention_replayed=True)
     assert "both forwards replayed as CUDA graphs" in notes["attention_definition"]
-    _, eager = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), (), (1,), (1,))
+    _, eager = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), {}, (1,))
     assert "CUDA graphs" not in eager["attention_definition"]
+
+
+def test_a_profile_with_its_own_grid_per_drafter_loads_and_says_what_was_cut(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    profile_main(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters", "dspark,mtp",
+                  "--max-batch-tokens", "32", "--requests", "1,4,16,64", "--draft-tokens", "1,16",
+                  "--context-tokens", "0,128", "--draft-contexts", "0,1024", "--chunk-tokens", "",
+                  "--prefill-prompts", "", "--probe-context", "64", "--warmup", "0", "--repeats", "1",
+                  "--cpu-threads", "1", "--kv-budget-gb", "0.05", "--no-progress", "--out", str(out)])
+    raw = json.loads(out.read_text())
+    assert raw["draft"]["dspark"]["num_requests"] == [1, 4, 16] and raw["draft"]["mtp"]["num_requests"] == [1, 4]
+    assert raw["metadata"]["num_requests_capped"].startswith("the dspark drafter's caches: R grid cut from 64 to 16")
+    profile = load_profile(str(out))
+    assert profile.draft_s("dspark", 16, 1, 0.0) > 0
+    with pytest.raises(ValueError, match="outside the profiled range 1..4"):
+        profile.draft_s("mtp", 16, 1, 0.0)

@@ -95,6 +95,9 @@ class ProfileConfig:
     context_axes: ContextAxes | None = None
     probe_context: int | None = None  # context of the padding and per-request probes (None: the largest)
     cuda_graph_tokens: int | None = None  # version 2 on CUDA: dense verify table as graph replay up to this B
+    # Version 2: each drafter's own R grid, in ``drafters`` order (empty: ``num_requests`` for every drafter); the
+    # memory check cuts each by that drafter's cache alone (memory.fit_requests)
+    draft_requests: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.format_version not in (1, 2):
@@ -104,11 +107,19 @@ class ProfileConfig:
         if self.context_axes is not None and self.context_axes.contexts != self.context_tokens:
             raise ValueError(f"context_tokens {self.context_tokens} must be the context axis "
                              f"{self.context_axes.contexts} in version 2")
+        if self.draft_requests and len(self.draft_requests) != len(self.drafters):
+            raise ValueError(f"draft_requests holds {len(self.draft_requests)} grids for {len(self.drafters)} drafters")
         if self.cuda_graph_tokens is not None and not (
                 self.format_version == 2 and self.device.startswith("cuda") and self.cuda_graph_tokens in
                 self.batch_tokens and self.cuda_graph_tokens < self.batch_tokens[-1]):
             raise ValueError(f"cuda_graph_tokens {self.cuda_graph_tokens} needs version 2, a CUDA device and a batch "
                              f"size of the verify grid below its end ({self.batch_tokens[-1]})")
+
+    def draft_grids(self) -> dict[str, tuple[int, ...]]:
+        """Each drafter's R grid (version 1: ``num_requests`` for every one)."""
+        if not self.draft_requests:
+            return {kind: self.num_requests for kind in self.drafters}
+        return dict(zip(self.drafters, self.draft_requests, strict=True))
 
     @property
     def verify_contexts(self) -> tuple[int, ...]:
@@ -145,8 +156,9 @@ def split_tokens(tokens: int, per_request: int) -> list[int]:
 
 
 def count_points(cfg: ProfileConfig) -> int:
-    drafts = len(cfg.drafters) * len(cfg.num_requests) * len(cfg.draft_tokens)
-    context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(len(cfg.drafters), len(cfg.num_requests),
+    draft_rows = sum(len(grid) for grid in cfg.draft_grids().values())
+    drafts = draft_rows * len(cfg.draft_tokens)
+    context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(draft_rows,
                                                                              len(cfg.draft_tokens)) - drafts
     return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + len(cfg.captured_tokens) + 2 * len(cfg.num_requests)
             + 2 * len(padded_requests(cfg)) + drafts + context + 2 + 3 * cfg.host_overhead)
@@ -202,7 +214,7 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
     model, drafter_for = models if models is not None else served_models(cfg, gen)
     forward = torch.compile(model, dynamic=False) if cfg.compile else model
     ctx_lo, ctx_hi = min(cfg.context_tokens), max(cfg.context_tokens)
-    cfg, capped_from = fit_requests(cfg, model, device)
+    cfg, capped = fit_requests(cfg, model, device)
     on_total(count_points(cfg))
 
     graph_s = time_points([(f"graph B={b}", graph_call(verify_call(model, forward, device, gen, b,
@@ -217,14 +229,14 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                 for g in cfg.draft_tokens:
                     points.append((f"draft {kind} R={r} gamma={g}", draft_call(drafter, ctx_hi, device, gen, r, g)))
     else:
-        points += context_points(axes, model, forward, device, gen, drafters, cfg.num_requests, cfg.draft_tokens)
+        points += context_points(axes, model, forward, device, gen, drafters, cfg.draft_grids(), cfg.draft_tokens)
     times = iter(time_points(points, cfg.warmup, cfg.repeats, cfg.interleave, device, on_point))
 
     curves = _verify_curves(cfg, verify_keys, times)
     per_request, padded_slot_s = _per_request_costs(cfg, times)
     verify = VerifyTable(tuple(curves[str(ctx_lo)]["batch_tokens"]), tuple(curves[str(ctx_lo)]["steps_per_s"]),
                          padded_slot_s)
-    metadata = _metadata(cfg, model, device, curves, capped_from)
+    metadata = _metadata(cfg, model, device, curves, capped)
     blocks = None
     if axes is None:
         draft = {kind: DraftTable(cfg.num_requests, cfg.draft_tokens,
@@ -236,8 +248,8 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                                                         lambda n: split_tokens(n, cfg.query_tokens),
                                                         graph_call if replay else None),
                                        cfg.warmup, cfg.repeats, device, on_point)
-        blocks, notes = context_blocks(axes, iter(differences), times, cfg.drafters, cfg.num_requests,
-                                       cfg.draft_tokens, attention_replayed=replay)
+        blocks, notes = context_blocks(axes, iter(differences), times, cfg.draft_grids(), cfg.draft_tokens,
+                                       attention_replayed=replay)
         draft = {}
         metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
         if graph_s:
@@ -332,7 +344,7 @@ def _prefill_cost(cfg: ProfileConfig, model: Verifier, forward: Callable, device
 
 
 def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves: dict[str, dict[str, list]],
-              capped_from: int | None) -> ProfileMetadata:
+              capped: str | None) -> ProfileMetadata:
     """What was measured how: the models, the configuration, the timing protocol and every table's definition."""
     ctx_lo, ctx_hi = min(cfg.context_tokens), cfg.probe_context_tokens
     details = {
@@ -359,10 +371,7 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
                                    f"{cfg.query_tokens - 1}, context {ctx_hi}"),
         "scheduler_source": "assumed (calibration.roofline.Assumptions), not measured",
         "cpu_threads": torch.get_num_threads(),
-        "num_requests_capped": (None if capped_from is None else
-                                f"R grid cut from {capped_from} to {cfg.num_requests[-1]}: the KV caches of more "
-                                "requests at the probe context (version 2: and the drafters' longest context) do "
-                                "not fit the memory budget"),
+        "num_requests_capped": capped,
     }
     return ProfileMetadata(source="measured", device=device_name(device), model=model.s.name,
                            created=datetime.date.today().isoformat(), tool=TOOL, details=details)

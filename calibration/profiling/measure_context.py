@@ -95,10 +95,10 @@ class ContextAxes:
         """The context axis of the drafter tables."""
         return self.draft_contexts or self.contexts
 
-    def num_points(self, num_drafters: int, num_requests: int, num_draft_tokens: int) -> int:
+    def num_points(self, draft_rows: int, num_draft_tokens: int) -> int:
+        """Timing points of these grids; ``draft_rows``: the R entries of every drafter's grid together."""
         return ((len(self.contexts) - 1) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
-                + len(self.prefill_prompts)
-                + num_drafters * len(self.drafter_contexts) * num_requests * num_draft_tokens)
+                + len(self.prefill_prompts) + len(self.drafter_contexts) * draft_rows * num_draft_tokens)
 
 
 def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
@@ -126,7 +126,7 @@ def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, devi
 
 
 def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
-                   gen: torch.Generator, drafters: dict[str, Drafter], num_requests: tuple[int, ...],
+                   gen: torch.Generator, drafters: dict[str, Drafter], draft_grids: dict[str, tuple[int, ...]],
                    draft_tokens: tuple[int, ...]) -> list[tuple[str, Prepare]]:
     """Every other timing point of the version-2 tables, in the order :func:`context_blocks` reads their times."""
     points: list[tuple[str, Prepare]] = []
@@ -135,18 +135,19 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
         points.append((f"prefill n={n}", chunk_call(model, forward, first, device, gen, n, 0)))
     for kind, drafter in drafters.items():
         for c in axes.drafter_contexts:
-            for r in num_requests:
+            for r in draft_grids[kind]:
                 for g in draft_tokens:
                     points.append((f"draft {kind} C={c} R={r} gamma={g}", draft_call(drafter, c, device, gen, r, g)))
     return points
 
 
-def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Iterator[float], kinds: tuple[str, ...],
-                   num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
+def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Iterator[float],
+                   draft_grids: dict[str, tuple[int, ...]], draft_tokens: tuple[int, ...],
                    attention_replayed: bool = False) -> tuple[Version2Blocks, dict[str, Any]]:
     """The version-2 blocks from the differences of :func:`difference_pairs` and the times of
-    :func:`context_points` (same orders). Returns the blocks and their metadata (``attention_replayed``: the
-    attention pairs were CUDA-graph replays)."""
+    :func:`context_points` (same orders; ``draft_grids``: each drafter's R grid). Returns the blocks and their
+    metadata (``attention_replayed``: the attention pairs were CUDA-graph replays)."""
+    kinds = tuple(draft_grids)
     a, clipped = axes.attention_requests, 0
     attention = [tuple(0.0 for _ in axes.queries)]  # context 0: the dense part, nothing added
     for _ in axes.contexts[1:]:
@@ -159,9 +160,9 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
         clipped += sum(d < 0 for d in diffs)
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
     prefill = tuple(next(times) for _ in axes.prefill_prompts)
-    draft = {kind: ContextDraftTable(axes.drafter_contexts, num_requests, draft_tokens, tuple(
-        tuple(tuple(next(times) for _ in draft_tokens) for _ in num_requests) for _ in axes.drafter_contexts),
-        key_padding="longest") for kind in kinds}
+    draft = {kind: ContextDraftTable(axes.drafter_contexts, grid, draft_tokens, tuple(
+        tuple(tuple(next(times) for _ in draft_tokens) for _ in grid) for _ in axes.drafter_contexts),
+        key_padding="longest") for kind, grid in draft_grids.items()}
     blocks = Version2Blocks(
         attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
         chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows))
