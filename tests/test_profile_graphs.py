@@ -66,14 +66,20 @@ def test_a_negative_probe_context_is_refused_at_start(tmp_path: Path) -> None:
                       "-5", "--out", str(tmp_path / "p.json")])
 
 
+def _small_v2_profile(out: Path, drafters: str, requests: str, draft_tokens: str, contexts: str, draft_contexts: str,
+                      *extra: str) -> dict:
+    """A version-2 CPU profile of the tiny models with no chunk or prefill table, one repeat: its dictionary."""
+    profile_main(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters", drafters,
+                  "--max-batch-tokens", "32", "--requests", requests, "--draft-tokens", draft_tokens,
+                  "--context-tokens", contexts, "--draft-contexts", draft_contexts, "--chunk-tokens", "",
+                  "--prefill-prompts", "", "--probe-context", "64", "--warmup", "0", "--repeats", "1",
+                  "--cpu-threads", "1", "--no-progress", *extra, "--out", str(out)])
+    return json.loads(out.read_text())
+
+
 def test_drafter_tables_have_their_own_context_axis(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    profile_main(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters", "mtp",
-                  "--max-batch-tokens", "32", "--requests", "1,3", "--draft-tokens", "1,2",
-                  "--context-tokens", "0,128,256", "--draft-contexts", "0,64", "--chunk-tokens", "",
-                  "--prefill-prompts", "", "--probe-context", "64", "--warmup", "0", "--repeats", "1",
-                  "--cpu-threads", "1", "--no-progress", "--out", str(out)])
-    raw = json.loads(out.read_text())
+    raw = _small_v2_profile(out, "mtp", "1,3", "1,2", "0,128,256", "0,64")
     assert raw["attention"]["context_tokens"] == [0, 128, 256]
     assert raw["draft"]["mtp"]["context_tokens"] == [0, 64] and raw["draft"]["mtp"]["num_requests"] == [1, 3]
     assert load_profile(str(out)).version == 2
@@ -176,12 +182,7 @@ def test_with_graphs_on_the_attention_pairs_are_captured_and_the_chunk_pairs_are
 
 def test_a_profile_with_its_own_grid_per_drafter_loads_and_says_what_was_cut(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    profile_main(["--preset", "tiny", "--format-version", "2", "--device", "cpu", "--drafters", "dspark,mtp",
-                  "--max-batch-tokens", "32", "--requests", "1,4,16,64", "--draft-tokens", "1,16",
-                  "--context-tokens", "0,128", "--draft-contexts", "0,1024", "--chunk-tokens", "",
-                  "--prefill-prompts", "", "--probe-context", "64", "--warmup", "0", "--repeats", "1",
-                  "--cpu-threads", "1", "--kv-budget-gb", "0.05", "--no-progress", "--out", str(out)])
-    raw = json.loads(out.read_text())
+    raw = _small_v2_profile(out, "dspark,mtp", "1,4,16,64", "1,16", "0,128", "0,1024", "--kv-budget-gb", "0.05")
     assert raw["draft"]["dspark"]["num_requests"] == [1, 4, 16] and raw["draft"]["mtp"]["num_requests"] == [1, 4]
     assert raw["metadata"]["num_requests_capped"].startswith("the dspark drafter's caches: R grid cut from 64 to 16")
     profile = load_profile(str(out))
