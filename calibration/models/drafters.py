@@ -288,13 +288,14 @@ def build_drafter(kind: str, target: Verifier, generator: torch.Generator, *, nu
     """
     if kind not in DRAFT_KINDS:
         raise ValueError(f"unknown drafter kind {kind!r}; kinds: {', '.join(DRAFT_KINDS)}")
-    layers = num_layers if num_layers is not None else default_drafters(target.s)[kind].num_layers
+    # mtp always chains max_depth modules (num_layers does not apply to it)
+    layers = drafter_num_layers(kind, target.s, max_depth) if num_layers is None or kind == "mtp" else num_layers
     rank = rank if rank is not None else min(256, target.s.vocab_size)
     p = target.embed.weight
     with torch.device("meta"):
         if kind in ("dspark", "dflash"):
             drafter: Drafter = ParallelDrafter(target, layers, head if kind == "dspark" else None, rank)
         else:
-            drafter = AutoregressiveDrafter(target, kind, max_depth if kind == "mtp" else layers)
+            drafter = AutoregressiveDrafter(target, kind, layers)
     drafter = drafter.to(p.dtype).to_empty(device=p.device)
     return init_weights(drafter, generator, std).eval()

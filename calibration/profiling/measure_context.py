@@ -192,4 +192,3 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
                  "prefill_prompts": list(axes.prefill_prompts), "draft_contexts": list(axes.drafter_contexts)},
     }
     return blocks, meta
-
