@@ -22,6 +22,8 @@ Qwen3-8B profile on an H200 (docs/calibration.md).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,8 +45,15 @@ def graph_call(prepare: Prepare) -> Prepare:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             call()
-        return graph.replay
+        return functools.partial(_replay, graph, call)
     return prepared  # type: ignore[return-value]
+
+
+def _replay(graph: torch.cuda.CUDAGraph, call: Callable[[], object]) -> None:
+    """One replay of ``graph``. It takes ``call`` too, only to keep it alive: the graph reads and writes the tensors
+    ``call`` holds (its inputs, its cache) at the addresses they had at capture, so they must outlive it."""
+    del call
+    graph.replay()
 
 
 def graph_tables(batch_tokens: tuple[int, ...], eager_s: list[float], graph_s: list[float],
