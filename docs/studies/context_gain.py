@@ -27,7 +27,7 @@ from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, lo
 from traces import load_trace_workload
 from traces.workload import Workload
 
-BANDS = ((0, 2048), (2048, 8192), (8192, 16384), (16384, 32768), (32768, 10**9))  # prompt tokens [lo, hi)
+BAND_EDGES = (0, 2048, 8192, 16384, 32768, 10**9)  # prompt tokens: band i holds [edge i, edge i + 1)
 POLICIES = ("none", "mtp1", "mtp3", "dspark")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,13 @@ def run_one(policy: str, workload: Workload, concurrency: int, args: argparse.Na
 
 def sweep(args: argparse.Namespace) -> pd.DataFrame:
     trace = load_trace_workload(args.trace)
+    bands = list(zip(args.band_edges[:-1], args.band_edges[1:], strict=True))
+    for low, high in bands:
+        if not np.any((trace.prompt_tokens >= low) & (trace.prompt_tokens < high)):
+            raise SystemExit(f"--band-edges: no request of {args.trace} has a prompt of {low} to {high} tokens")
     rows = []
     for concurrency in args.concurrency:
-        for low, high in BANDS:
+        for low, high in bands:
             workload = band_workload(trace, low, high, args.requests_per_band, args.seed)
             for policy in POLICIES:
                 row = run_one(policy, workload, concurrency, args)
@@ -128,8 +132,14 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--band-edges", type=int, nargs="+", default=list(BAND_EDGES),
+                        help="prompt-length band edges in tokens, ascending (default: %(default)s); a profile "
+                             "whose tables stop short of the longest contexts needs fewer bands")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "context_gain.png")
     args = parser.parse_args()
+    edges = args.band_edges
+    if len(edges) < 2 or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True)) or edges[0] < 0:
+        parser.error(f"--band-edges must be at least two ascending token counts >= 0, got {edges}")
     frame = sweep(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
