@@ -4,6 +4,7 @@ context); the comparison figure is written."""
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,7 @@ def test_quick_profile_loads_and_says_measured(measured: Path) -> None:
     meta = profile.metadata
     assert profile.source == "measured" and meta["model"] == "tiny" and meta["dtype"] == "float32"
     assert meta["device"].startswith("cpu") and meta["torch"] and meta["config"]["repeats"] == 3
+    assert meta["python"] == platform.python_version() and meta["nvidia_driver"] is None  # no driver on a CPU run
     assert set(profile.draft) == {"dspark", "dflash"}
     assert profile.max_batch_tokens == 64 and profile.verify_sps(1) > 0
     assert profile.per_request_s is not None and profile.draft_s("dspark", 16, 8) > 0

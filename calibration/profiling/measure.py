@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import platform
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from calibration.models.model import Verifier, build_verifier
 from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.graphs import cuda_graphs_note, graph_call, graph_tables
 from calibration.profiling.loop_costs import with_loop_costs
+from calibration.profiling.machine import device_name, software
 from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, difference_pairs
 from calibration.profiling.memory import fit_requests, kv_slots_that_fit
 from calibration.profiling.profile_file import (
@@ -348,8 +348,7 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
     """What was measured how: the models, the configuration, the timing protocol and every table's definition."""
     ctx_lo, ctx_hi = min(cfg.context_tokens), cfg.probe_context_tokens
     details = {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        **software(device),
         "dtype": cfg.dtype,
         "preset": cfg.preset if cfg.checkpoints is None else None,
         "checkpoints": cfg.checkpoints,
@@ -387,10 +386,3 @@ def _with_host_costs(profile: dict[str, Any], cfg: ProfileConfig, model: Verifie
     probe = tuple(r for r in cfg.num_requests if r <= 8) or cfg.num_requests[:1]
     return with_loop_costs(profile, model, drafter_for(kind), gamma, probe, cfg.prefill_tokens, seed=cfg.seed,
                            warmup=cfg.warmup, repeats=cfg.repeats, on_point=on_point)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    threads = torch.get_num_threads()
-    return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{'s' if threads > 1 else ''})"

@@ -45,7 +45,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from calibration.profiling.measure import device_name
+from calibration.profiling.machine import device_name
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.serving.loop import ServingModels, ServingSpec, serve
