@@ -163,7 +163,7 @@ def test_the_comparison_figure_names_each_file_and_code_revision() -> None:
     title = fig._suptitle.get_text()  # type: ignore[union-attr]
     assert f"code {measured.metadata['code_revision'][:12]}" in title and "(measured)" in title
     assert "h200_qwen3-8b_v2_analytic.json, code revision not recorded" in title
-    assert len(fig.axes) == 4 and all(ax.lines for ax in fig.axes)
+    assert len(fig.axes) == 6 and all(ax.lines for ax in fig.axes)
 
 
 def test_with_graphs_on_the_attention_pairs_are_captured_and_the_chunk_pairs_are_not() -> None:

@@ -3,9 +3,11 @@
     python -m calibration.compare MEASURED.json ANALYTIC.json --out fig.png
 
 Top: SPS(B), steps per second over batch tokens, and B x SPS(B), batch tokens per
-second (the dense verify cost; a CUDA-graph cliff shows as a drop). Bottom: the
+second (the dense verify cost; a CUDA-graph cliff shows as a drop), and one request's
+attention over its context with 1, 2 and 9 query tokens (version 2). Bottom: the
 drafters' step latency over requests at context 0 (every drafter kind the profiles
-share, at one gamma), and one prefill's latency over prompt tokens. Every curve is
+share, at one gamma), one prefill's latency over prompt tokens, and one prefill
+chunk's attention over the tokens computed before it (version 2). Every curve is
 labelled with its profile's own source (measured/analytic), model and device, and
 the title names each file and the code revision that wrote it, so a figure can
 never pass one off as the other.
@@ -28,6 +30,8 @@ STYLES = {"measured": {"color": "tab:blue", "marker": "o", "markersize": 2.5},
           "analytic": {"color": "tab:orange", "linestyle": "--"}}
 KIND_STYLES = ("-", "--", ":", "-.")
 DRAFT_TOKENS = 8  # the gamma of the drafter panel (the nearest one every profile has, if not 8)
+QUERY_TOKENS = (1, 2, 9)  # the attention panel's lines: decoding, verifying 1 and 8 draft tokens
+CHUNK_TOKENS = 512  # the chunk-attention panel's chunk
 
 
 def _provenance(p: HardwareProfile) -> str:
@@ -74,12 +78,53 @@ def _prefill_panel(ax: plt.Axes, profiles: list[HardwareProfile]) -> None:
            title="one request's prefill")
 
 
+def _contexts(axis: np.ndarray) -> np.ndarray:
+    """Contexts to plot a table over: its grid from 1,024 tokens up (log axes), or none."""
+    return axis[axis >= 1024].astype(float)
+
+
+def _attention_panel(ax: plt.Axes, profiles: list[HardwareProfile]) -> None:
+    for p in profiles:
+        table = p.attention
+        if table is None:
+            continue
+        contexts = _contexts(table.x)
+        for q, dash in zip(QUERY_TOKENS, KIND_STYLES, strict=False):
+            if table.y[0] <= q <= table.y[-1] and contexts.size:
+                ms = [1e3 * p.attention_s(np.array([c]), q) for c in contexts]
+                ax.plot(contexts, ms, label=f"{q} query token{'s' if q > 1 else ''}, {p.source}",
+                        **{**STYLES.get(p.source, {}), "linestyle": dash})
+    if not ax.lines:
+        ax.text(0.5, 0.5, "no attention table (version 1)", ha="center", transform=ax.transAxes)
+    ax.set(xscale="log", xlabel="context tokens", ylabel="attention per request [ms]",
+           title="one request's attention per step")
+    ax.set_yscale("symlog", linthresh=0.1)  # a measured table may hold zeros (negative differences written as 0)
+    ax.set_ylim(bottom=0)
+
+
+def _chunk_panel(ax: plt.Axes, profiles: list[HardwareProfile]) -> None:
+    for p in profiles:
+        table = p.chunk_attention
+        if table is None or not table.y[0] <= CHUNK_TOKENS <= table.y[-1]:
+            continue
+        contexts = _contexts(table.x)
+        ms = [1e3 * p.chunk_attention_s(np.array([c]), np.array([CHUNK_TOKENS])) for c in contexts]
+        ax.plot(contexts, ms, label=p.label, **STYLES.get(p.source, {}))
+    if not ax.lines:
+        ax.text(0.5, 0.5, f"no chunk-attention table with {CHUNK_TOKENS}-token chunks", ha="center",
+                transform=ax.transAxes)
+    ax.set(xscale="log", xlabel="tokens computed before the chunk", ylabel="chunk attention [ms]",
+           title=f"a {CHUNK_TOKENS}-token prefill chunk's attention")
+    ax.set_yscale("symlog", linthresh=0.1)
+    ax.set_ylim(bottom=0)
+
+
 def compare_figure(profiles: list[HardwareProfile]) -> plt.Figure:
-    """The four-panel comparison figure of ``profiles`` (any number, usually one measured and one analytic)."""
+    """The six-panel comparison figure of ``profiles`` (any number, usually one measured and one analytic)."""
     if not profiles:
         raise ValueError("nothing to compare: pass at least one profile")
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8.4), constrained_layout=True)
-    (ax_sps, ax_tps), (ax_draft, ax_prefill) = axes
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8.4), constrained_layout=True)
+    (ax_sps, ax_tps, ax_attention), (ax_draft, ax_prefill, ax_chunk) = axes
     for p in profiles:
         batch, sps = p.verify_sps.x, p.verify_sps.y
         style = STYLES.get(p.source, {})
@@ -89,8 +134,10 @@ def compare_figure(profiles: list[HardwareProfile]) -> plt.Figure:
                title="verify step rate (context 0)")
     ax_tps.set(xscale="log", yscale="log", xlabel="batch tokens B", ylabel="B x SPS(B)  [tokens/s]",
                title="verified tokens per second")
+    _attention_panel(ax_attention, profiles)
     _draft_panel(ax_draft, profiles)
     _prefill_panel(ax_prefill, profiles)
+    _chunk_panel(ax_chunk, profiles)
     for ax in axes.flat:
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -103,7 +150,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(
         prog="python -m calibration.compare",
         description="Plot measured vs analytic costs of two hardware profiles (files or built-in names): verify "
-                    "step rate, verified tokens/s, drafter latency and prefill latency.")
+                    "step rate, verified tokens/s, attention over context, drafter latency, prefill latency and "
+                    "chunk attention.")
     parser.add_argument("measured", help="measured profile (path or built-in name)")
     parser.add_argument("analytic", help="analytic profile (path or built-in name)")
     parser.add_argument("--out", required=True, type=Path, help="figure path (.png, .pdf, .svg)")
