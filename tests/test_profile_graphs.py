@@ -188,6 +188,26 @@ def test_with_graphs_on_the_attention_pairs_are_captured_and_the_chunk_pairs_are
     assert "CUDA graphs" not in eager["attention_definition"]
 
 
+def test_an_attention_pair_of_one_query_token_takes_its_base_at_one_cached_key(monkeypatch) -> None:
+    """On the H200 a one-token forward over no cached key (a single key: SDPA's path of its own) ran 0.13 ms per
+    request slower than over 1,024 keys, so every difference of the one-token row came out low by that much."""
+    import calibration.profiling.measure_context as measure_context
+    calls: list[tuple[list[int], int]] = []
+
+    def record(model, forward, device, gen, tokens, query_lens, context):  # noqa: ANN001, ANN202
+        calls.append((query_lens, context))
+        return lambda: (lambda: None)
+    monkeypatch.setattr(measure_context, "verify_call", record)
+    axes = ContextAxes((0, 32, 64), (1, 3), (), (), 2, (), (0,))
+    pairs = difference_pairs(axes, None, None, torch.device("cpu"), None, {}, lambda n: [n])  # type: ignore[arg-type]
+    assert [label for label, _, _ in pairs] == ["attention C=32 q=1", "attention C=32 q=3", "attention C=64 q=1",
+                                                "attention C=64 q=3"]
+    assert calls == [([1, 1], 1), ([1, 1], 32), ([3, 3], 0), ([3, 3], 32), ([1, 1], 1), ([1, 1], 64), ([3, 3], 0),
+                     ([3, 3], 64)]
+    _, notes = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), {}, (1,))
+    assert "at context 1 for q = 1" in notes["attention_definition"]
+
+
 def test_a_profile_with_its_own_grid_per_drafter_loads_and_says_what_was_cut(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     raw = _small_v2_profile(out, "dspark,mtp", "1,4,16,64", "1,16", "0,128", "0,1024", "--kv-budget-gb", "0.05")

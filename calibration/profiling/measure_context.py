@@ -5,7 +5,8 @@ the dense verify table at context 0, the points below and turns them into
 :class:`simulator.costs.Version2Blocks`:
 
 * ``attention.per_request_s[c][q]``: ``A`` requests of ``q`` query tokens each over ``c``
-  cached tokens, minus the same forward at context 0, divided by ``A``
+  cached tokens, minus the same forward at context :func:`reference_context` (0; 1 for one
+  query token), divided by ``A``
   (``attention_requests``): what one request's attention over its context adds to the
   dense part. The two forwards of a difference are timed in alternation
   (:func:`~calibration.profiling.timing.time_differences`) and the median of the per-round
@@ -101,21 +102,30 @@ class ContextAxes:
                 + len(self.prefill_prompts) + len(self.drafter_contexts) * draft_rows * num_draft_tokens)
 
 
+def reference_context(query_tokens: int) -> int:
+    """The context of an attention pair's base forward: 0, but 1 for one query token. A forward of one token over
+    no cached key attends over a single key, for which SDPA takes a path of its own (0.13 ms per request slower
+    than at 1,024 cached tokens on an H200, graph-replayed); every decode step has a context, so one cached key,
+    whose attention costs next to nothing, is the reference that shares the path of the points."""
+    return 1 if query_tokens == 1 else 0
+
+
 def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
                      gen: torch.Generator, drafters: dict[str, Drafter], dense_layout: Callable[[int], list[int]],
                      capture: Callable[[Prepare], Prepare] | None = None) -> list[tuple[str, Prepare, Prepare]]:
     """The tables that are differences, for :func:`~calibration.profiling.timing.time_differences`, in the order
     :func:`context_blocks` reads them: (label, base, point).
 
-    Attention: the forward of A requests of q tokens at context 0, then at context C, for every C > 0 and q; with
-    ``capture`` (a CUDA-graph capture, :func:`calibration.profiling.graphs.graph_call`) both forwards are replayed
-    as graphs, so the jitter of launching every kernel from Python stays out of a difference of a few
+    Attention: the forward of A requests of q tokens at :func:`reference_context`, then at context C, for every
+    C > 0 and q; with ``capture`` (a CUDA-graph capture, :func:`calibration.profiling.graphs.graph_call`) both
+    forwards are replayed as graphs, so the jitter of launching every kernel from Python stays out of a difference of a few
     milliseconds. Chunk attention: the dense table's forward of n batch tokens (requests laid out by
     ``dense_layout(n)``), then the chunk of n tokens over P computed ones (eager: the chunk builds the drafter's
     context too)."""
     a = axes.attention_requests
     wrap = capture if capture is not None else (lambda prepare: prepare)
-    pairs = [(f"attention C={c} q={q}", wrap(verify_call(model, forward, device, gen, a * q, [q] * a, 0)),
+    pairs = [(f"attention C={c} q={q}",
+              wrap(verify_call(model, forward, device, gen, a * q, [q] * a, reference_context(q))),
               wrap(verify_call(model, forward, device, gen, a * q, [q] * a, c)))
              for c in axes.contexts[1:] for q in axes.queries]
     first = next(iter(drafters.values()), None)
@@ -170,8 +180,10 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
         prefill_table=PrefillTableBlock(axes.prefill_prompts, prefill) if prefill else None,
         draft=draft)
     meta = {
-        "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0), divided by "
-                                 f"{a}: the median of the differences of rounds in which the two run back to back"
+        "attention_definition": (f"t({a} requests x q tokens at context C) - t(the same at context 0; at context 1 "
+                                 "for q = 1, so the base takes the points' path, not SDPA's single-key one), "
+                                 f"divided by {a}: the median of the differences of rounds in which the two run "
+                                 "back to back"
                                  + ("; both forwards replayed as CUDA graphs" if attention_replayed else "")
                                  + "; the verifier pads keys to the longest context in a batch (key_padding "
                                  "longest)"),
