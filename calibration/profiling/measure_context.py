@@ -118,8 +118,8 @@ def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, devi
 
     Attention: the forward of A requests of q tokens at :func:`reference_context`, then at context C, for every
     C > 0 and q; with ``capture`` (a CUDA-graph capture, :func:`calibration.profiling.graphs.graph_call`) both
-    forwards are replayed as graphs, so the jitter of launching every kernel from Python stays out of a difference of a few
-    milliseconds. Chunk attention: the dense table's forward of n batch tokens (requests laid out by
+    forwards are replayed as graphs, so the jitter of launching every kernel from Python stays out of a difference
+    of a few milliseconds. Chunk attention: the dense table's forward of n batch tokens (requests laid out by
     ``dense_layout(n)``), then the chunk of n tokens over P computed ones (eager: the chunk builds the drafter's
     context too)."""
     a = axes.attention_requests
