@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES
+from calibration.profiling.machine import checkout_commit
 from calibration.profiling.measure import DTYPES, ProfileConfig, batch_grid, count_points, measure
 from calibration.profiling.measure_context import (
     CPU_CONTEXTS,
@@ -106,8 +107,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoints", type=Path, default=None,
                    help="time the trained models in this directory (calibration.train) instead of --preset")
     p.add_argument("--code-revision", default=None,
-                   help="the commit of the code that measures, recorded in metadata.code_revision (for runs on a "
-                        "machine without the git checkout)")
+                   help="the commit of the code that measures, recorded in metadata.code_revision (default: the "
+                        "checkout's commit, with -dirty if tracked files changed; give it on a machine without the "
+                        "git checkout)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return p.parse_args(argv)
 
@@ -247,8 +249,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with scheduling_priority(args.nice, lambda message: print(message, file=sys.stderr)):
             data = measure(cfg, on_point, on_total)
     data["metadata"]["profiling_wall_s"] = round(time.perf_counter() - started, 3)
-    if args.code_revision is not None:
-        data["metadata"]["code_revision"] = args.code_revision
+    revision = args.code_revision if args.code_revision is not None else checkout_commit()
+    if revision is not None:
+        data["metadata"]["code_revision"] = revision
     write_profile(data, args.out)
     sps = data["verify"]["steps_per_s"]
     print(f"wrote {args.out} (measured on {data['metadata']['device']}, {cfg.dtype}): SPS {sps[0]:.1f} at B=1 .. "
