@@ -84,6 +84,10 @@ def test_drafter_tables_have_their_own_context_axis(tmp_path: Path) -> None:
     assert raw["attention"]["context_tokens"] == [0, 128, 256]
     assert raw["draft"]["mtp"]["context_tokens"] == [0, 64] and raw["draft"]["mtp"]["num_requests"] == [1, 3]
     assert load_profile(str(out)).version == 2
+    # what R requests cost beyond the dense part, before any context: a table of its own, one entry per R
+    assert raw["per_request"]["num_requests"] == [1, 3] and min(raw["per_request"]["step_s"]) >= 0
+    assert raw["metadata"]["per_request_definition"].startswith("t(R x 1 token over one cached key)")
+    assert "per_request_negative_written_as_0" in raw["metadata"]["context_tables"]
 
 
 def test_a_timed_point_leaves_no_cache_on_the_drafter() -> None:
@@ -206,6 +210,29 @@ def test_an_attention_pair_of_one_query_token_takes_its_base_at_one_cached_key(m
                      ([3, 3], 64)]
     _, notes = context_blocks(axes, iter([1e-3] * len(pairs)), iter([]), {}, (1,))
     assert "at context 1 for q = 1" in notes["attention_definition"]
+
+
+def test_per_request_pairs_take_the_dense_layout_as_base_and_capture_up_to_the_captured_size(monkeypatch) -> None:
+    import calibration.profiling.measure_context as measure_context
+    calls: list[tuple[list[int], int]] = []
+
+    def record(model, forward, device, gen, tokens, query_lens, context):  # noqa: ANN001, ANN202
+        calls.append((query_lens, context))
+        return lambda: (lambda: None)
+    monkeypatch.setattr(measure_context, "verify_call", record)
+    captured: list[Prepare] = []
+
+    def capture(prepare: Prepare) -> Prepare:
+        captured.append(prepare)
+        return prepare
+    pairs = measure_context.request_pairs((1, 8, 20), None, None, torch.device("cpu"), None,  # type: ignore[arg-type]
+                                          lambda n: [8] * (n // 8) + ([n % 8] if n % 8 else []), capture, 16)
+    assert [label for label, _, _ in pairs] == ["per-request R=1", "per-request R=8", "per-request R=20"]
+    assert calls == [([1], 0), ([1], 1), ([8], 0), ([1] * 8, 1), ([8, 8, 4], 0), ([1] * 20, 1)]
+    assert len(captured) == 4  # R = 1 and 8 replayed as graphs; R = 20 lies above the captured sizes: eager
+    notes: dict = {}
+    assert measure_context.read_request_pairs(iter([2e-3, -1e-4, 5e-3]), (1, 8, 20), notes) == [2e-3, 0.0, 5e-3]
+    assert notes["per_request_negative_written_as_0"] == 1
 
 
 def test_a_profile_with_its_own_grid_per_drafter_loads_and_says_what_was_cut(tmp_path: Path) -> None:

@@ -11,14 +11,14 @@ synchronised around each run; building index tensors on the host is excluded):
   context tokens, for each C in ``--context-tokens``. The profile's ``verify`` table
   is the curve at the smallest C (the token cost); every curve is kept in
   ``metadata.verify_curves``.
-* per request: R requests of one token at the largest C minus the same at the
-  smallest C (clipped at 0): the context (KV-read) cost the simulator adds per request.
+* per request: R requests of one token at the largest C minus the same at the smallest C (clipped at 0); in
+  version 2, R one-token requests over one cached key minus the verify table's forward of R tokens (the context
+  is in the attention table: :mod:`calibration.profiling.measure_context`).
 * draft: ``propose`` of each drafter over (R, gamma), context C_max, after appending
   one committed token per request to the drafter's context.
 * prefill: one request of n1 and of n2 tokens; tokens_per_s = (n2 - n1) / (t2 - t1).
-* version 2 with ``cuda_graph_tokens`` N (CUDA): the verify points up to N again, as CUDA-graph
-  replay, timed first (:mod:`calibration.profiling.graphs`); the attention table's pairs of forwards are
-  replayed as graphs as well.
+* version 2 with ``cuda_graph_tokens`` N (CUDA): the verify points up to N again, as CUDA-graph replay, timed
+  first (:mod:`calibration.profiling.graphs`); the attention and per-request pairs are replayed as graphs too.
 
 Scheduler costs are host-side policy time: by default the profile carries the
 roofline's documented assumptions for them, flagged in metadata. With
@@ -49,7 +49,14 @@ from calibration.profiling.calls import draft_call, verify_call
 from calibration.profiling.graphs import cuda_graphs_note, graph_call, graph_tables
 from calibration.profiling.loop_costs import with_loop_costs
 from calibration.profiling.machine import device_name, software
-from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, difference_pairs
+from calibration.profiling.measure_context import (
+    ContextAxes,
+    context_blocks,
+    context_points,
+    difference_pairs,
+    read_request_pairs,
+    request_pairs,
+)
 from calibration.profiling.memory import fit_requests, kv_slots_that_fit
 from calibration.profiling.profile_file import (
     DraftTable,
@@ -160,8 +167,9 @@ def count_points(cfg: ProfileConfig) -> int:
     drafts = draft_rows * len(cfg.draft_tokens)
     context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(draft_rows,
                                                                              len(cfg.draft_tokens)) - drafts
-    return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + len(cfg.captured_tokens) + 2 * len(cfg.num_requests)
-            + 2 * len(padded_requests(cfg)) + drafts + context + 2 + 3 * cfg.host_overhead)
+    return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + len(cfg.captured_tokens) + 2 * len(padded_requests(cfg))
+            + (2 if cfg.context_axes is None else 3) * len(cfg.num_requests) + drafts + context + 2
+            + 3 * cfg.host_overhead)
 
 
 def padded_requests(cfg: ProfileConfig) -> list[int]:
@@ -244,12 +252,14 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
                  for kind in drafters}
     else:
         replay = cfg.cuda_graph_tokens is not None  # graphs on: the attention pairs are replayed too
-        differences = time_differences(difference_pairs(axes, model, forward, device, gen, drafters,
-                                                        lambda n: split_tokens(n, cfg.query_tokens),
-                                                        graph_call if replay else None),
-                                       cfg.warmup, cfg.repeats, device, on_point)
-        blocks, notes = context_blocks(axes, iter(differences), times, cfg.draft_grids(), cfg.draft_tokens,
+        layout, capture = (lambda n: split_tokens(n, cfg.query_tokens)), (graph_call if replay else None)
+        differences = iter(time_differences(
+            difference_pairs(axes, model, forward, device, gen, drafters, layout, capture)
+            + request_pairs(cfg.num_requests, model, forward, device, gen, layout, capture, cfg.cuda_graph_tokens),
+            cfg.warmup, cfg.repeats, device, on_point))
+        blocks, notes = context_blocks(axes, differences, times, cfg.draft_grids(), cfg.draft_tokens,
                                        attention_replayed=replay)
+        per_request = read_request_pairs(differences, cfg.num_requests, notes)
         draft = {}
         metadata.details.update(context_tables=notes, cuda_graphs=cuda_graphs_note(device, cfg.cuda_graph_tokens))
         if graph_s:
@@ -260,13 +270,12 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
             blocks = dataclasses.replace(blocks, cuda_graphs=graphs)
     del drafters
     prefill = _prefill_cost(cfg, model, forward, device, gen, on_point)
-
     assumed = Assumptions()
     profile = ProfileDocument(
         metadata=metadata,
         gpus_per_replica=1,
         verify=verify,
-        per_request=PerRequestTable(cfg.num_requests, tuple(per_request)) if axes is None else None,
+        per_request=PerRequestTable(cfg.num_requests, tuple(per_request)),
         draft=draft,
         prefill=prefill,
         scheduler=SchedulerCost(assumed.scheduler_fixed_s, assumed.scheduler_per_candidate_s),
@@ -363,7 +372,10 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
         "verify_curves": curves,  # context length -> {batch_tokens, steps_per_s}
         "per_request_definition": (f"t(R x 1 token at context {ctx_hi}) - t(R x 1 token at context {ctx_lo})"
                                    if cfg.context_axes is None else
-                                   "none: version 2 prices each request's context in the attention table"),
+                                   "t(R x 1 token over one cached key) - t(the verify table's forward of R tokens, "
+                                   "its layout), clipped at 0: what R requests cost beyond the dense part before "
+                                   "any context (each request's context is in the attention table); replayed as "
+                                   "CUDA graphs where the verify table is"),
         "padded_slot_definition": (f"least-squares slope over R of t(one request of {cfg.query_tokens} tokens "
                                    f"+ R-1 of 1) minus the linear interpolation in B between R x 1 and "
                                    f"R x {cfg.query_tokens} tokens, per padded slot (R-1) x "

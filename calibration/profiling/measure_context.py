@@ -100,6 +100,7 @@ class ContextAxes:
         """Timing points of these grids; ``draft_rows``: the R entries of every drafter's grid together."""
         return ((len(self.contexts) - 1) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
                 + len(self.prefill_prompts) + len(self.drafter_contexts) * draft_rows * num_draft_tokens)
+        # (the per-request pairs, request_pairs, are counted with the R grid: measure.count_points)
 
 
 def reference_context(query_tokens: int) -> int:
@@ -133,6 +134,32 @@ def difference_pairs(axes: ContextAxes, model: Verifier, forward: Callable, devi
                chunk_call(model, forward, first, device, gen, n, p))
               for p in axes.chunk_contexts for n in axes.chunks]
     return pairs
+
+
+def request_pairs(num_requests: tuple[int, ...], model: Verifier, forward: Callable, device: torch.device,
+                  gen: torch.Generator, dense_layout: Callable[[int], list[int]],
+                  capture: Callable[[Prepare], Prepare] | None = None,
+                  max_captured_tokens: int | None = None) -> list[tuple[str, Prepare, Prepare]]:
+    """Version 2's ``per_request`` table as differences (label, base, point): the dense table's forward of R tokens
+    (its layout, ``dense_layout(R)``, a few requests of several tokens), then R one-token requests over one cached
+    key each (:func:`reference_context`). Their difference is what R requests cost beyond the dense part before
+    any context: per-request index work, padding and attention calls that the dense table's layout does not pay.
+    With ``capture``, pairs of R up to ``max_captured_tokens`` are replayed as graphs, as the dense table is."""
+    def wrap(r: int, prepare: Prepare) -> Prepare:
+        captured = capture is not None and (max_captured_tokens is None or r <= max_captured_tokens)
+        return capture(prepare) if captured else prepare  # type: ignore[misc]
+    return [(f"per-request R={r}", wrap(r, verify_call(model, forward, device, gen, r, dense_layout(r), 0)),
+             wrap(r, verify_call(model, forward, device, gen, r, [1] * r, reference_context(1))))
+            for r in num_requests]
+
+
+def read_request_pairs(differences: Iterator[float], num_requests: tuple[int, ...], notes: dict[str, Any]
+                       ) -> list[float]:
+    """The per-request table from the differences of :func:`request_pairs` (negative ones written as 0, counted in
+    ``notes``)."""
+    diffs = [next(differences) for _ in num_requests]
+    notes["per_request_negative_written_as_0"] = sum(d < 0 for d in diffs)
+    return [max(d, 0.0) for d in diffs]
 
 
 def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device: torch.device,
