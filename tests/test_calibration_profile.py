@@ -127,7 +127,10 @@ def measured_v2(tmp_path_factory) -> Path:
 def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2: Path) -> None:
     profile = load_profile(measured_v2)
     meta = profile.metadata
-    assert profile.version == 2 and profile.source == "measured" and profile.per_request_s is None
+    assert profile.version == 2 and profile.source == "measured"
+    # what R one-token requests cost beyond the dense table's layout, one entry per profiled R, never negative
+    assert profile.per_request_s is not None and (profile.per_request_s.y >= 0).all()
+    assert meta["per_request_definition"].startswith("t(R x 1 token over one cached key)")
     assert profile.key_padding == "longest"  # the verifier pads every request's keys to the longest context
     assert profile.cuda_graphs is None and meta["cuda_graphs"].startswith("none: measured on cpu")
     assert profile.attention is not None and profile.attention.x.tolist() == [0, 512, 2048]
