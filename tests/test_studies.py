@@ -41,7 +41,7 @@ def test_context_gain_study_keeps_its_sign_on_each_h200_profile(hardware: str) -
         assert (gains < 1.0).all() and gains[1] < gains[0]  # SDPA's multi-query path: dearer with context
 
 
-def test_context_gain_band_edges_are_checked_at_start() -> None:
+def test_context_gain_band_edges_are_checked_at_start(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, str(SCRIPT), "--band-edges", "8192", "2048"], capture_output=True,
                          text=True, cwd=REPO)
     assert run.returncode == 2 and "--band-edges must be at least two ascending token counts" in run.stderr
@@ -50,3 +50,11 @@ def test_context_gain_band_edges_are_checked_at_start() -> None:
     args.band_edges = [0, 500]  # the trace's shortest prompt is about 0.9k tokens
     with pytest.raises(SystemExit, match="no request of mooncake_conversation has a prompt of 0 to 500 tokens"):
         module.sweep(args)
+    # a band past the measured profile's drafter table (16,384 tokens of context): one line naming the table
+    run = subprocess.run([sys.executable, str(SCRIPT), "--hardware", "h200_qwen3-8b_v2_measured", "--band-edges",
+                          "8192", "16384", "--concurrency", "32", "--requests-per-band", "500", "--duration-s", "1",
+                          "--warmup-s", "0.2", "--out", str(tmp_path / "gain.png")],
+                         capture_output=True, text=True, cwd=REPO)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().startswith("error: profile ") and "draft.dspark.context_tokens covers 0..16384" \
+        in run.stderr and len(run.stderr.strip().splitlines()) == 1

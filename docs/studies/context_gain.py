@@ -140,7 +140,10 @@ def main() -> None:
     edges = args.band_edges
     if len(edges) < 2 or any(b <= a for a, b in zip(edges[:-1], edges[1:], strict=True)) or edges[0] < 0:
         parser.error(f"--band-edges must be at least two ascending token counts >= 0, got {edges}")
-    frame = sweep(args)
+    try:
+        frame = sweep(args)
+    except ValueError as err:  # a start check (a profile table too short for a band, ...): one line, no traceback
+        raise SystemExit(f"error: {err}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
     plot(frame, args, args.out)
