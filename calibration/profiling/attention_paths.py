@@ -29,6 +29,7 @@ from torch import Tensor
 from calibration.models.model import attend
 from calibration.models.shapes import ModelShape, get_shape
 from calibration.profiling.machine import device_name, software
+from calibration.profiling.timing import synchronizer
 
 Attention = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -55,7 +56,7 @@ def verification_mask(requests: int, context: int, queries: int, keys: int, devi
 
 def time_s(call: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Mean seconds of ``call`` over ``repeats`` runs after 3 warm-up runs, the device synchronised around them."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     for _ in range(3):
         call()
     sync()

@@ -97,10 +97,10 @@ class ContextAxes:
         return self.draft_contexts or self.contexts
 
     def num_points(self, draft_rows: int, num_draft_tokens: int) -> int:
-        """Timing points of these grids; ``draft_rows``: the R entries of every drafter's grid together."""
+        """Timing points of these grids; ``draft_rows``: the R entries of every drafter's grid together. (The
+        per-request pairs, :func:`request_pairs`, go with the R grid: ``measure.count_points`` counts them.)"""
         return ((len(self.contexts) - 1) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
                 + len(self.prefill_prompts) + len(self.drafter_contexts) * draft_rows * num_draft_tokens)
-        # (the per-request pairs, request_pairs, are counted with the R grid: measure.count_points)
 
 
 def reference_context(query_tokens: int) -> int:
