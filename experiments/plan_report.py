@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from experiments.plots import without_local_paths
-from experiments.provenance import code_revision
+from experiments.revision import code_revision
 from simulator import SimulationSpec
 
 if TYPE_CHECKING:

@@ -8,37 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from experiments.revision import REPO, code_revision
 from simulator import SimulationSpec
 from traces.formats import detect_format
 from traces.load import SAMPLES, sample_path
 from traces.workload import Workload
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _git(args: list[str], repo: Path) -> str | None:
-    try:
-        proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
-
-
-def code_revision(repo: Path = REPO) -> dict[str, Any]:
-    """``{commit, describe, dirty}`` of the code that runs: the full commit hash, ``git describe --always
-    --dirty`` and whether tracked files differ from that commit; ``describe`` is 'unknown' (and the others None)
-    outside a git checkout."""
-    commit = _git(["rev-parse", "HEAD"], repo)
-    describe = _git(["describe", "--always", "--dirty", "--tags"], repo)
-    if commit is None or describe is None:
-        return {"commit": None, "describe": "unknown", "dirty": None}
-    return {"commit": commit, "describe": describe, "dirty": describe.endswith("-dirty")}
 
 
 def file_sha256(path: Path) -> str:

@@ -17,8 +17,8 @@ import pytest
 from calibration.profiling import timing
 from calibration.profiling.compare import main as compare_main
 from calibration.profiling.loop_costs import LoopCosts, probe_misfit
-from calibration.profiling.machine import checkout_commit
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
+from experiments.revision import commit_label
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.costs import load_profile
@@ -44,7 +44,7 @@ def test_quick_profile_loads_and_says_measured(measured: Path) -> None:
     assert profile.source == "measured" and meta["model"] == "tiny" and meta["dtype"] == "float32"
     assert meta["device"].startswith("cpu") and meta["torch"] and meta["config"]["repeats"] == 3
     assert meta["python"] == platform.python_version() and meta["nvidia_driver"] is None  # no driver on a CPU run
-    assert meta.get("code_revision") == checkout_commit()  # the checkout's own commit, without --code-revision
+    assert meta.get("code_revision") == commit_label()  # the checkout's own commit, without --code-revision
     assert set(profile.draft) == {"dspark", "dflash"}
     assert profile.max_batch_tokens == 64 and profile.verify_sps(1) > 0
     assert profile.per_request_s is not None and profile.draft_s("dspark", 16, 8) > 0
@@ -188,9 +188,9 @@ def test_probe_misfit_is_each_probes_mean_residual_off_the_line_over_its_mean_cy
 
 
 def test_a_measurement_names_the_commit_it_ran_from(tmp_path) -> None:  # noqa: ANN001
-    """calibration.profiling.machine.checkout_commit: the commit, -dirty with tracked changes, None outside git."""
+    """experiments.revision.commit_label: the commit, -dirty with tracked changes, None outside git."""
     import shutil
-    assert checkout_commit(tmp_path) is None  # not a checkout
+    assert commit_label(tmp_path) is None  # not a checkout
     if shutil.which("git") is None:
         return  # no git at all: None is all it can say, checked above
     def git(*args: str) -> str:  # noqa: E306
@@ -201,8 +201,8 @@ def test_a_measurement_names_the_commit_it_ran_from(tmp_path) -> None:  # noqa: 
     git("add", "a.txt")
     git("commit", "-q", "-m", "one")
     head = git("rev-parse", "HEAD")
-    assert checkout_commit(tmp_path) == head
+    assert commit_label(tmp_path) == head
     (tmp_path / "b.txt").write_text("untracked files do not count")
-    assert checkout_commit(tmp_path) == head
+    assert commit_label(tmp_path) == head
     (tmp_path / "a.txt").write_text("2")
-    assert checkout_commit(tmp_path) == head + "-dirty"
+    assert commit_label(tmp_path) == head + "-dirty"

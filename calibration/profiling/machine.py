@@ -1,16 +1,13 @@
-"""What a measurement ran on, for its metadata: the device's name, the NVIDIA driver, the Python version and the
-commit of the code that measured."""
+"""What a measurement ran on, for its metadata: the device's name, the NVIDIA driver and the Python version (the
+code's commit comes from :mod:`experiments.revision`)."""
 
 from __future__ import annotations
 
 import platform
 import shutil
 import subprocess
-from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def device_name(device: torch.device) -> str:
@@ -37,19 +34,3 @@ def nvidia_driver() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out[0] if out else None
-
-
-def checkout_commit(repo: Path = REPO) -> str | None:
-    """The commit checked out at ``repo``, with ``-dirty`` appended when tracked files differ from it; None
-    outside a git checkout (a GPU machine given a copy of the tree: pass ``--code-revision`` there)."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None
-    changed = git("status", "--porcelain", "--untracked-files=no")
-    return commit + ("-dirty" if changed else "")

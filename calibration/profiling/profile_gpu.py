@@ -27,7 +27,6 @@ import torch
 from tqdm import tqdm
 
 from calibration.models.shapes import DRAFT_KINDS, MODEL_SHAPES
-from calibration.profiling.machine import checkout_commit
 from calibration.profiling.measure import DTYPES, ProfileConfig, batch_grid, count_points, measure
 from calibration.profiling.measure_context import (
     CPU_CONTEXTS,
@@ -39,6 +38,7 @@ from calibration.profiling.measure_context import (
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.roofline import requests_grid
 from calibration.profiling.timing import scheduling_priority
+from experiments.revision import commit_label
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with scheduling_priority(args.nice, lambda message: print(message, file=sys.stderr)):
             data = measure(cfg, on_point, on_total)
     data["metadata"]["profiling_wall_s"] = round(time.perf_counter() - started, 3)
-    revision = args.code_revision if args.code_revision is not None else checkout_commit()
+    revision = args.code_revision if args.code_revision is not None else commit_label()
     if revision is not None:
         data["metadata"]["code_revision"] = revision
     write_profile(data, args.out)
