@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from matplotlib.figure import Figure
 
+from calibration.profiling.revision import code_revision
 from experiments.plots import without_local_paths
-from experiments.revision import code_revision
 from simulator import SimulationSpec
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.revision import REPO, code_revision
+from calibration.profiling.revision import REPO, code_revision
 from simulator import SimulationSpec
 from traces.formats import detect_format
 from traces.load import SAMPLES, sample_path

@@ -18,7 +18,7 @@ from calibration.profiling import timing
 from calibration.profiling.compare import main as compare_main
 from calibration.profiling.loop_costs import LoopCosts, probe_misfit
 from calibration.profiling.measure import batch_grid, padding_cost, split_tokens
-from experiments.revision import commit_label
+from calibration.profiling.revision import commit_label
 from policies import make_policy
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
 from simulator.costs import load_profile
@@ -188,7 +188,7 @@ def test_probe_misfit_is_each_probes_mean_residual_off_the_line_over_its_mean_cy
 
 
 def test_a_measurement_names_the_commit_it_ran_from(tmp_path) -> None:  # noqa: ANN001
-    """experiments.revision.commit_label: the commit, -dirty with tracked changes, None outside git."""
+    """calibration.profiling.revision.commit_label: the commit, -dirty with tracked changes, None outside git."""
     import shutil
     assert commit_label(tmp_path) is None  # not a checkout
     if shutil.which("git") is None:

@@ -9,7 +9,8 @@
   command :mod:`calibration.profiling.profile_gpu` (``python calibration/profile_gpu.py``);
 * :mod:`calibration.profiling.loop_costs` - what the real serving loop costs beyond its forward passes, folded
   into a measured profile;
-* :mod:`calibration.profiling.profile_file` - the one writer of profile files;
+* :mod:`calibration.profiling.profile_file` - the one writer of profile files; :mod:`calibration.profiling.revision`
+  - the code's git revision, which run summaries and measured profiles record (no torch);
 * :mod:`calibration.profiling.compare` - measured against analytic step rates, as a figure.
 
 Imports :mod:`calibration.models` and (for the loop costs) :mod:`calibration.serving`.

@@ -1,5 +1,5 @@
 """What a measurement ran on, for its metadata: the device's name, the NVIDIA driver and the Python version (the
-code's commit comes from :mod:`experiments.revision`)."""
+code's commit comes from :mod:`calibration.profiling.revision`)."""
 
 from __future__ import annotations
 

@@ -36,9 +36,9 @@ from calibration.profiling.measure_context import (
     ContextAxes,
 )
 from calibration.profiling.profile_file import write_profile
+from calibration.profiling.revision import commit_label
 from calibration.profiling.roofline import requests_grid
 from calibration.profiling.timing import scheduling_priority
-from experiments.revision import commit_label
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """The revision of the code that produced a result, as git sees the checkout.
 
-Read at the edges only: ``experiments`` stamps summaries and figures with it, ``calibration`` a measured
-profile's metadata. Nothing here imports Hydra or torch, so either may use it.
+Read at the edges only: ``experiments`` stamps run summaries and study figures with it, the profiler a measured
+profile's metadata. No torch here: a simulation's provenance reads it without the calibration extra.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _git(args: list[str], repo: Path) -> str | None:
