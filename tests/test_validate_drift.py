@@ -66,7 +66,8 @@ def test_the_median_profiles_price_error_comes_from_the_passes_prices_of_the_sam
     """Passes pricing a point's steps at 1.0, 0.98 and 1.02 (measured over priced 1/price): the median's standard
     error is sqrt(pi/2) times their relative standard deviation over sqrt(3); one pass says nothing."""
     prices = np.array([1.0, 0.98, 1.02])
-    assert profile_price_se(1.1 / prices) == pytest.approx(np.sqrt(np.pi / 2) * prices.std(ddof=1) / np.sqrt(3))
+    median_se = np.sqrt(np.pi / 2) * prices.std(ddof=1) / np.sqrt(3)
+    assert profile_price_se(1.1 / prices, "median") == pytest.approx(median_se)
     assert profile_price_se([1.05, 1.05, 1.05]) == 0.0
     assert np.isnan(profile_price_se([1.05])) and np.isnan(profile_price_se([1.0, float("nan")]))
 

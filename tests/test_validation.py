@@ -305,7 +305,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
         meta["scheduler_source"]
     for name, fit in meta["policy_steps"].items():
         # charged per probed R: a table over R x 7 candidates of the mean excess (a decision takes no negative
-        # time; the profile is the median of the passes' tables, each clamped at 0 before the median)
+        # time; the profile combines the passes' tables, each clamped at 0 before they are combined)
         charged = result.profile.scheduler_by_policy[name]
         np.testing.assert_array_equal(charged.x, 7 * np.array(meta["loop_costs"]["num_requests"], dtype=float))
         assert (charged.y >= np.maximum(fit["mean_excess_s"], 0.0) - 1e-12).all() and (charged.y >= 0).all()
@@ -316,10 +316,10 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     runs = result.sim[("dspark", 4)][0]
     report = (out / "validation.md").read_text()
     assert len(runs) == 4 and "pools 4 acceptance draw(s)" in report and "tok/s/user sampling noise" in report
-    assert "profile: the median of 2 passes" in report
+    assert "profile: the mean of 2 passes" in report
     assert (table["tpu_mean_sampling_se"] > 0).all() and (table["tpu_mean_sampling_se"] < 0.5).all()
     assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
-    # each point's interval adds the error of the median profile (two passes pricing its real steps) to its slices'
+    # each point's interval adds the error of the combined profile (two passes pricing its real steps) to its slices'
     assert (table["profile_price_se"] > 0).all() and (table["profile_price_se"] < 0.5).all()
     for name in TARGET_METRICS:
         assert (table[f"{name}_ci"] > table[f"{name}_slice_ci"]).all()
@@ -334,7 +334,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     assert point["step_cost_ratio_passes_mean"] == pytest.approx(2 / (1 / own[0] + 1 / own[1]))
     # re-simulated from its output folder with its own rule, the run gives back its own simulator figures exactly
     recombined = recombine_main([str(out), "--rules", "median,mean"])[out]
-    own_rule = recombined[recombined["rule"] == "median"]
+    own_rule = recombined[recombined["rule"] == result.config.combine_passes]
     assert len(own_rule) == 6 and (own_rule[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
     assert np.isfinite(recombined["throughput_err"]).all()
     # drawing the logged texts again moves the simulator's figures (some tok/s/user), each by a finite relative SD

@@ -163,7 +163,7 @@ def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str
     cfg = ValidationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     measured = load_profile(out / "profile.json")
     # what the real loop's policies priced with; runs written before pricing_profile.json existed priced with
-    # their first pass, which they did not keep: the median of the passes stands in for it then
+    # their first pass, which they did not keep: the combined profile stands in for it then
     pricing_path = out / "pricing_profile.json"
     if not pricing_path.is_file():
         progress(f"{pricing_path} missing (an older run): the simulated policies price with profile.json")

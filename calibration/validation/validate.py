@@ -181,10 +181,10 @@ def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]
              probe_log: list[dict[str, Any]] | None = None
              ) -> tuple[list[HardwareProfile], dict]:
     """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
-    every point. Returns the rounds' profiles (their element-wise median prices the simulator; the first pass is what
-    the real loop's policies price with) and the real slices of each point. ``probe_log`` gets one record per
-    profile pass and per slice: the reference probe timed before and after it and, with ``drift_measure`` meter,
-    the meter's readings inside it (:data:`PROBE_COLUMNS`).
+    every point. Returns the rounds' profiles (their element-wise combination by ``cfg.combine_passes`` prices the
+    simulator; the first pass is what the real loop's policies price with) and the real slices of each point.
+    ``probe_log`` gets one record per profile pass and per slice: the reference probe timed before and after it
+    and, with ``drift_measure`` meter, the meter's readings inside it (:data:`PROBE_COLUMNS`).
 
     The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
     between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
