@@ -316,7 +316,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     runs = result.sim[("dspark", 4)][0]
     report = (out / "validation.md").read_text()
     assert len(runs) == 4 and "pools 4 acceptance draw(s)" in report and "tok/s/user sampling noise" in report
-    assert "profile: the mean of 2 passes" in report
+    assert "profile: the trimmed mean of 2 passes" in report
     assert (table["tpu_mean_sampling_se"] > 0).all() and (table["tpu_mean_sampling_se"] < 0.5).all()
     assert not all(r.requests["num_accepted_tokens"].equals(runs[0].requests["num_accepted_tokens"]) for r in runs[1:])
     # each point's interval adds the error of the combined profile (two passes pricing its real steps) to its slices'
@@ -333,7 +333,7 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
                            make_policy("greedy").synchronous) for p in passes]
     assert point["step_cost_ratio_passes_mean"] == pytest.approx(2 / (1 / own[0] + 1 / own[1]))
     # re-simulated from its output folder with its own rule, the run gives back its own simulator figures exactly
-    recombined = recombine_main([str(out), "--rules", "median,mean"])[out]
+    recombined = recombine_main([str(out), "--rules", "trimmed,median"])[out]
     own_rule = recombined[recombined["rule"] == result.config.combine_passes]
     assert len(own_rule) == 6 and (own_rule[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
     assert np.isfinite(recombined["throughput_err"]).all()

@@ -68,7 +68,7 @@ def test_passes_on_other_grids_or_an_unknown_rule_are_refused() -> None:
     with pytest.raises(ValueError, match="combine_passes must be one of"):
         ValidationConfig(combine_passes="average")
     assert parse_args(["--combine-passes", "trimmed"])[0].combine_passes == "trimmed"
-    assert ValidationConfig().combine_passes == "mean" and set(COMBINE_RULES) == {"median", "trimmed", "mean"}
+    assert ValidationConfig().combine_passes == "trimmed" and set(COMBINE_RULES) == {"median", "trimmed", "mean"}
 
 
 def test_the_price_error_of_a_mean_is_the_passes_spread_over_sqrt_n() -> None:

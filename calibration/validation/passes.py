@@ -4,15 +4,14 @@ Every round of ``calibration.validate`` profiles the machine once (a *pass*), so
 pass per round, all on the same grids. The simulator prices with their element-wise combination,
 by one of :data:`COMBINE_RULES`:
 
-* ``mean`` (default): what the slices pay on average (throughput is tokens over the *sum* of step
-  times), but one stray pass moves it by a fifth of its distance (five passes). The default since five
-  runs of the documented command whose slices were steady (2026-12-04, ``docs/validation_runs.md``): the
-  median had priced their steps 0.5-2.7% below what the slices paid in every one, the mean was closer in
-  four of five (throughput) and five of five (tok/s/user).
+* ``trimmed`` (default): the mean after dropping each element's lowest and highest pass (the mean with
+  two passes or fewer). Over the eleven runs whose passes were kept (``docs/validation_runs.md``, "Evening
+  of 2026-12-04") it was the best of the three rules on average and the worst in one run only.
+* ``mean``: what the slices pay on average (throughput is tokens over the *sum* of step times), but one
+  stray pass moves it by a fifth of its distance (five passes).
 * ``median``: one pass caught by a burst of load elsewhere does not move the profile. On a machine whose
-  step times lean to the slow side it prices below what real slices pay on average.
-* ``trimmed``: the mean after dropping each element's lowest and highest pass (the mean with two
-  passes or fewer); between the two.
+  step times lean to the slow side it prices below what real slices pay on average: the default until
+  2026-12-04, when every run of the evening came out optimistic under it.
 
 The mean of a time is what a run pays, so rates (fields named ``..._per_s``: steps or tokens per
 second) are combined through their reciprocal, the seconds each stands for: their mean is the
@@ -50,7 +49,7 @@ def check_rule(rule: str) -> str:
     return rule
 
 
-def combine_passes(passes: Sequence[HardwareProfile], rule: str = "mean") -> HardwareProfile:
+def combine_passes(passes: Sequence[HardwareProfile], rule: str = "trimmed") -> HardwareProfile:
     """The element-wise ``rule`` of profiles measured on the same grids (of every float, single or in lists; text,
     flags and integers - axes, counts - taken from the first pass, with which every other must agree in shape);
     ``..._per_s`` rates through their reciprocals for the means (module docstring)."""
@@ -85,7 +84,7 @@ def price_se_factor(rule: str) -> float:
     return 1.0 if check_rule(rule) == "mean" else float(np.sqrt(np.pi / 2))
 
 
-def profile_price_se(ratios: Sequence[float], rule: str = "mean") -> float:
+def profile_price_se(ratios: Sequence[float], rule: str = "trimmed") -> float:
     """The relative standard error of the combined profile's price of a point's real steps, from each profile
     pass's price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices
     over their mean, their standard deviation times :func:`price_se_factor` over sqrt(n). NaN with fewer than two

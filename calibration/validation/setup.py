@@ -88,7 +88,7 @@ class ValidationConfig:
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4
-    combine_passes: str = "mean"  # how the profile passes make one profile (validation.passes.COMBINE_RULES)
+    combine_passes: str = "trimmed"  # how the profile passes make one profile (validation.passes.COMBINE_RULES)
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:

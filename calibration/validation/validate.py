@@ -272,7 +272,8 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
 
 def report_text(result: Validation) -> str:
     cfg, worst = result.config, worst_errors(result.table)
-    combined = f"; profile: the {cfg.combine_passes} of {len(result.passes)} passes" if len(result.passes) > 1 else ""
+    rule = "trimmed mean" if cfg.combine_passes == "trimmed" else cfg.combine_passes
+    combined = f"; profile: the {rule} of {len(result.passes)} passes" if len(result.passes) > 1 else ""
     lines = [
         f"models: {result.models}",
         f"machine: {device_name(torch.device('cpu'))}; profile: {result.profile.label}",
