@@ -32,6 +32,7 @@ import numpy as np
 from simulator.costs import HardwareProfile, profile_from_dict
 
 COMBINE_RULES = ("median", "trimmed", "mean")
+DEFAULT_RULE = "trimmed"  # ValidationConfig.combine_passes' default (module docstring)
 
 
 def _trimmed_mean(values: np.ndarray) -> float:
@@ -49,7 +50,7 @@ def check_rule(rule: str) -> str:
     return rule
 
 
-def combine_passes(passes: Sequence[HardwareProfile], rule: str = "trimmed") -> HardwareProfile:
+def combine_passes(passes: Sequence[HardwareProfile], rule: str = DEFAULT_RULE) -> HardwareProfile:
     """The element-wise ``rule`` of profiles measured on the same grids (of every float, single or in lists; text,
     flags and integers - axes, counts - taken from the first pass, with which every other must agree in shape);
     ``..._per_s`` rates through their reciprocals for the means (module docstring)."""
@@ -84,7 +85,7 @@ def price_se_factor(rule: str) -> float:
     return 1.0 if check_rule(rule) == "mean" else float(np.sqrt(np.pi / 2))
 
 
-def profile_price_se(ratios: Sequence[float], rule: str = "trimmed") -> float:
+def profile_price_se(ratios: Sequence[float], rule: str = DEFAULT_RULE) -> float:
     """The relative standard error of the combined profile's price of a point's real steps, from each profile
     pass's price of the same steps (``ratios``: measured over priced seconds under each pass): the passes' prices
     over their mean, their standard deviation times :func:`price_se_factor` over sqrt(n). NaN with fewer than two

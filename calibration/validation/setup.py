@@ -35,7 +35,7 @@ from calibration.profiling.measure_context import ContextAxes
 from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.serving.specdec import ContextCost
 from calibration.training.corpora import corpus_prompts
-from calibration.validation.passes import check_rule
+from calibration.validation.passes import DEFAULT_RULE, check_rule
 from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -88,7 +88,7 @@ class ValidationConfig:
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
     # texts and draws; SimulationSpec.acceptance_seed) and pools them: its own sampling noise shrinks
     sim_replicas: int = 4
-    combine_passes: str = "trimmed"  # how the profile passes make one profile (validation.passes.COMBINE_RULES)
+    combine_passes: str = DEFAULT_RULE  # how the profile passes make one profile (validation.passes.COMBINE_RULES)
 
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
