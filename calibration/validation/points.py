@@ -171,10 +171,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     draws = [pooled_summary([sims[k][r] for k in use])["tokens_per_s_per_user"]["mean"]
              for r in range(len(sims[use[0]]))]
     row["tpu_mean_sampling_se"] = sampling_se([np.nan if d is None else d for d in draws])
-    policy = make_policy(point[0])
-    ratio = partial(step_cost_ratio, [reals[k].steps for k in use], drafter=cfg.drafter, policy=policy.name,
-                    draft_tokens=policy.draft_tokens(cfg.gamma), warmup_s=cfg.warmup_s,
-                    synchronous=policy.synchronous, chunks=[reals[k].chunks for k in use])
+    ratio = _step_cost_ratio(cfg, point[0], [reals[k] for k in use])
     row["step_cost_ratio"] = ratio(profile=profile)
     pass_ratios = np.array([ratio(profile=p) for p in passes])
     row["profile_price_se"] = profile_price_se(pass_ratios, cfg.combine_passes)
@@ -188,6 +185,25 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     if row["spoiled"]:
         row.update({key: float("nan") for key in row if key.endswith("_err")})
     return row
+
+
+def _step_cost_ratio(cfg: ValidationConfig, policy_name: str, reals: Sequence[Any]) -> partial[float]:
+    """``ratio(profile=p)``: the real steps of ``reals`` (a point's slices) measured over their price under ``p``."""
+    policy = make_policy(policy_name)
+    return partial(step_cost_ratio, [real.steps for real in reals], drafter=cfg.drafter, policy=policy.name,
+                   draft_tokens=policy.draft_tokens(cfg.gamma), warmup_s=cfg.warmup_s,
+                   synchronous=policy.synchronous, chunks=[real.chunks for real in reals])
+
+
+def run_price_se(cfg: ValidationConfig, reals: dict[tuple[str, int], list[Any]],
+                 passes: Sequence[HardwareProfile]) -> float:
+    """The mean over points of :func:`~calibration.validation.passes.profile_price_se`: how far the combination of
+    ``passes`` can be off in pricing each point's real slices so far (every slice, none refused yet: the final
+    table screens them; NaN with fewer than two passes). What ``cfg.max_rounds`` reads after each round."""
+    ses = [profile_price_se([ratio(profile=p) for p in passes], cfg.combine_passes)
+           for ratio in (_step_cost_ratio(cfg, name, slices) for (name, _), slices in reals.items() if slices)]
+    finite = [se for se in ses if np.isfinite(se)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def slice_summary(runs: list[Any]) -> dict[str, Any]:

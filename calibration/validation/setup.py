@@ -66,6 +66,9 @@ class ValidationConfig:
     duration_s: float = 4.0
     warmup_s: float = 0.5
     rounds: int = 5  # real runs split into this many slices, run round-robin over the points
+    # go on past ``rounds``, a round at a time up to this many, while the profile passes price the points' real
+    # steps with a mean standard error above the steady bound (points.run_price_se); None: exactly ``rounds``
+    max_rounds: int | None = None
     prefill: PrefillMode = "disaggregated"
     log: str | None = None
     log_requests: int = 64
@@ -101,6 +104,11 @@ class ValidationConfig:
             raise ValueError(f"domain must be one of {', '.join(DOMAINS)} or mixed, got {self.domain!r}")
         if min(self.prompt_tokens, self.output_tokens, self.log_requests, self.gamma, self.rounds) < 1:
             raise ValueError("prompt_tokens, output_tokens, log_requests, gamma and rounds must be >= 1")
+        if self.max_rounds is not None and self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds ({self.max_rounds}) must be >= rounds ({self.rounds})")
+        if self.max_rounds is not None and self.profile is not None:
+            raise ValueError("max_rounds extends a run while its profile passes disagree; with a given profile "
+                             "there is one pass: leave out profile or max_rounds")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
         for name in self.policies:
@@ -152,6 +160,15 @@ class ValidationConfig:
     def slice_duration_s(self) -> float:
         """Length of one real-run slice: its own warm-up plus its share of the measured window."""
         return self.warmup_s + (self.duration_s - self.warmup_s) / self.rounds
+
+    def with_rounds(self, rounds: int) -> ValidationConfig:
+        """The config of a run that served ``rounds`` rounds of the same slices (``max_rounds`` extended it): the
+        measured window grows with them, the slice length stays."""
+        if rounds == self.rounds:
+            return self
+        measured_s = (self.duration_s - self.warmup_s) / self.rounds * rounds
+        return replace(self, rounds=rounds, duration_s=self.warmup_s + measured_s,
+                       max_rounds=None if self.max_rounds is None else max(self.max_rounds, rounds))
 
     def limits(self) -> EngineLimits:
         return EngineLimits(max_concurrency=max(self.users),

@@ -24,7 +24,8 @@ For one model, drafter, traffic and seed, and every (policy, concurrency) point:
    budget side by side with the relative error ``(sim - real) / real``, and draw
    both frontiers (throughput against mean tok/s/user over the concurrency sweep).
 
-Pieces: :mod:`calibration.validation.setup`, :mod:`~calibration.validation.report`. Closed-loop traffic, short
+Pieces: :mod:`calibration.validation.setup`, :mod:`~calibration.validation.rounds` (profile passes and real
+slices, round by round), :mod:`~calibration.validation.report`. Closed-loop traffic, short
 lognormal lengths, torch on ``--threads`` CPU threads (1). Results are measured timings and vary run to run.
 """
 
@@ -34,11 +35,8 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +46,9 @@ import torch
 from calibration.profiling.machine import device_name
 from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
-from calibration.serving.loop import ServingModels, ServingSpec, serve
-from calibration.serving.speed_meter import SpeedMeter
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.passes import COMBINE_RULES, combine_passes
-from calibration.validation.points import drift_readings, drift_weight, point_result, round_progress, slice_drifts
+from calibration.validation.points import drift_readings, drift_weight, point_result, slice_drifts
 from calibration.validation.report import (
     MachineNotSteady,
     drift_note,
@@ -65,17 +61,15 @@ from calibration.validation.report import (
     slice_records,
     worst_errors,
 )
+from calibration.validation.rounds import PROBE_COLUMNS, measure_rounds
 from calibration.validation.setup import (
     Models,
     ValidationConfig,
     build_models,
-    loop_pricing,
-    measure_profile,
     record_log,
     simulate_slice,
     simulation_spec,
     simulator_setup,
-    speed_canary,
     speed_reference,
 )
 from policies import make_policy
@@ -89,10 +83,6 @@ LONG_CONTEXT: dict[str, Any] = {"prompt_tokens": 2048, "length_sigma": 0.35, "pr
                                 "profile_version": 2, "log_requests": 24}
 
 
-# One timing of the reference probe around a profiling pass or a real slice (seconds; see speed_reference), and the
-# speed meter's mean canary reading inside it, its standard error and count (--drift-measure meter; else NaN, NaN, 0).
-PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s", "meter_s", "meter_se_s",
-                 "meter_readings")
 
 
 @dataclass(frozen=True)
@@ -111,6 +101,7 @@ class Validation:
     probes: pd.DataFrame  # every timing of the reference probe: round, phase (profile/slice), point, before/after
     pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
     passes: tuple[HardwareProfile, ...] = ()  # every profile pass, in order (the profile combines them)
+    planned_rounds: int | None = None  # the rounds asked for (config.rounds: those served; max_rounds adds some)
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -132,7 +123,8 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             for point in points:
                 Cluster(simulation_spec(cfg, point, first_setups, 0))
         probe_log: list[dict[str, Any]] = []
-        passes, reals = _measure(cfg, models, points, reference, progress, check, probe_log)
+        passes, reals = measure_rounds(cfg, models, points, reference, progress, check, probe_log)
+        planned, cfg = cfg.rounds, cfg.with_rounds(len(reals[points[0]]))  # max_rounds may have added some
         profile = passes[0] if len(passes) == 1 else combine_passes(passes, cfg.combine_passes)
         pricing = passes[0]
         setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
@@ -149,7 +141,7 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows), probes, pricing, tuple(passes))
+                      pd.DataFrame(slice_rows), probes, pricing, tuple(passes), planned)
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -176,73 +168,12 @@ def _draft_counts(cfg: ValidationConfig) -> list[int]:
     return sorted({max(make_policy(name).draft_tokens(cfg.gamma), 1) for name in cfg.policies})
 
 
-def _measure(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]], reference: Callable[[], float],
-             progress: Callable[[str], None], check: Callable[[HardwareProfile], None] = lambda _: None,
-             probe_log: list[dict[str, Any]] | None = None
-             ) -> tuple[list[HardwareProfile], dict]:
-    """Profile and serve in ``cfg.rounds`` rounds: each round profiles the machine once, then serves one slice of
-    every point. Returns the rounds' profiles (their element-wise combination by ``cfg.combine_passes`` prices the
-    simulator; the first pass is what the real loop's policies price with) and the real slices of each point.
-    ``probe_log`` gets one record per profile pass and per slice: the reference probe timed before and after it
-    and, with ``drift_measure`` meter, the meter's readings inside it (:data:`PROBE_COLUMNS`).
-
-    The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more
-    between minutes): a profile taken once would price every point at the speed of that moment. Interleaving
-    profile passes with slices of the real runs makes the profile and every point sample the same spells of
-    fast and slow, so that what is left is the model's error; each round starts at a different point, so that
-    no point always runs last (the machine tends to slow down over a round). The real loop's policies price
-    their decisions with the first pass's profile, as the simulator's do (``SimulationSpec.policy_profile``):
-    the step cost ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine prices it.
-    """
-    passes = []
-    log = probe_log if probe_log is not None else []
-    reals: dict[tuple[str, int], list] = {p: [] for p in points}
-    meter = (SpeedMeter(speed_canary(cfg, models), time.thread_time if cfg.clock == "cpu" else time.perf_counter)
-             if cfg.drift_measure == "meter" else None)
-
-    def measured(key: tuple[str, str, int, int], work: Callable[[], Any]) -> Any:
-        """``work()``, the reference probe timed before and after it and the meter reading inside it, logged under
-        ``key``: (phase, policy, users, round)."""
-        before_s = reference()
-        with meter.phase(key) if meter is not None else nullcontext():
-            done = work()
-        after_s = reference()
-        readings = meter.summary(key) if meter is not None else (float("nan"), float("nan"), 0)
-        log.append(dict(zip(PROBE_COLUMNS, (key[3], *key[:3], before_s, after_s, *readings), strict=True)))
-        return done
-
-    for round_idx in range(cfg.rounds):
-        if cfg.profile is None or round_idx == 0:
-            progress(f"profiling the served models on this machine, pass {round_idx + 1}/{cfg.rounds}")
-            passes.append(measured(("profile", "", 0, round_idx), lambda: measure_profile(cfg, models)))
-            if round_idx == 0:
-                check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
-        shift = round_idx * len(points) // cfg.rounds  # each round starts elsewhere: no point is always last
-        for name, users in points[shift:] + points[:shift]:
-            progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{cfg.rounds} "
-                     f"({cfg.slice_duration_s:g} s)")
-            policy = make_policy(name)
-            serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
-                                           loop_pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
-                                           models.description)
-            spec = ServingSpec(policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s,
-                               cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
-            reals[(name, users)].append(measured(("slice", name, users, round_idx),
-                                                 partial(serve, spec, serving_models)))
-        probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
-        line, unsteady = round_progress(probes, cfg, round_idx + 1)
-        progress(line)
-        if unsteady and cfg.stop_when_unsteady and round_idx + 1 < cfg.rounds:  # the last round: report it
-            raise MachineNotSteady(f"stopped after round {round_idx + 1}/{cfg.rounds} (--stop-when-unsteady): {line}",
-                                   probes)
-    return passes, reals
-
-
 def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
-    """profile.json, pricing_profile.json, profile_passes/pass<k>.json (with two passes or more),
-    acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real tables (requests,
-    steps and, chunked, the prefill chunks: ``real_<policy>_u<users>_<table>.parquet``)."""
+    """config.json (the rounds served), profile.json, pricing_profile.json, profile_passes/pass<k>.json (with two
+    passes or more), acceptance_log_g<draft tokens>.parquet, points.csv, validation.md, frontier.png and the real
+    tables (requests, steps and, chunked, the prefill chunks: ``real_<policy>_u<users>_<table>.parquet``)."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(result.config), indent=1) + "\n")  # what recombine reads
     paths = {"profile": out / "profile.json", "points": out / "points.csv",
              "report": out / "validation.md", "figure": out / "frontier.png"}
     write_profile(result.profile.raw, paths["profile"])
@@ -284,8 +215,8 @@ def report_text(result: Validation) -> str:
         f"{result.profile.version}"
         + (f" (attention key padding: {result.profile.key_padding})" if result.profile.attention is not None else "")
         + f"; {cfg.duration_s:g} s per point ({cfg.warmup_s:g} s warm-up); real runs in {cfg.rounds} round-robin "
-        f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up; the simulator pools {cfg.sim_replicas} "
-        f"acceptance draw(s) of each slice's requests{combined}; seed {cfg.seed}",
+        f"slice(s) of {cfg.slice_duration_s:g} s, each with its warm-up{extended(result)}; the simulator pools "
+        f"{cfg.sim_replicas} acceptance draw(s) of each slice's requests{combined}; seed {cfg.seed}",
         "",
         markdown_table(result.table),
         "",
@@ -297,6 +228,15 @@ def report_text(result: Validation) -> str:
     ]
     verdict = machine_verdict(result.table)
     return "\n".join(([verdict, ""] if verdict else []) + lines)
+
+
+def extended(result: Validation) -> str:
+    """What the report says of rounds that ``max_rounds`` added (nothing when it added none)."""
+    planned, served = result.planned_rounds, result.config.rounds
+    if planned is None or planned == served:
+        return ""
+    return (f" ({planned} asked for, {served - planned} more while the profile passes disagreed; at most "
+            f"{result.config.max_rounds})")
 
 
 def _csv(text: str, kind: type) -> tuple:
@@ -325,6 +265,10 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--duration-s", type=float, default=d.duration_s, help="seconds per point (sim and real)")
     p.add_argument("--warmup-s", type=float, default=d.warmup_s, help="seconds left out of the metrics (per slice)")
     p.add_argument("--rounds", type=int, default=d.rounds, help="slices per real run, served round-robin over points")
+    p.add_argument("--max-rounds", type=int, default=d.max_rounds,
+                   help="go on past --rounds, a round at a time up to this many, while the profile passes price the "
+                        "points' real steps with a mean standard error above the steady bound (default: exactly "
+                        "--rounds)")
     p.add_argument("--prompt-limit-tokens", type=int, default=d.prompt_limit_tokens,
                    help="longest prompt; longer draws are truncated (default: 4 x --prompt-tokens)")
     p.add_argument("--profile-version", type=int, choices=(1, 2), default=d.profile_version,

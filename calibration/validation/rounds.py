@@ -1,0 +1,108 @@
+"""The measuring side of a validation: rounds of one profile pass followed by one real slice of every point.
+
+The speed of a shared machine wanders (the reference probe moves by +-8% within a minute and by more between
+minutes): a profile taken once would price every point at the speed of that moment. Interleaving profile passes
+with slices of the real runs makes the profile and every point sample the same spells of fast and slow, so that
+what is left is the model's error; each round starts at a different point, so that no point always runs last (the
+machine tends to slow down over a round).
+
+With ``max_rounds``, a run goes on past ``rounds`` while its passes still disagree about the price of the points'
+real steps (:func:`~calibration.validation.points.run_price_se` above
+:data:`~calibration.validation.report.STEADY_MAX_PROFILE_PRICE_SE`, the bound above which the report calls the
+machine not steady): each extra round adds a pass, whose spread shrinks as one over the square root of their
+number, and a slice of every point, of the same length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import pandas as pd
+
+from calibration.serving.loop import ServingModels, ServingSpec, serve
+from calibration.serving.speed_meter import SpeedMeter
+from calibration.validation.points import round_progress, run_price_se
+from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE, MachineNotSteady
+from calibration.validation.setup import Models, ValidationConfig, loop_pricing, measure_profile, speed_canary
+from policies import make_policy
+from simulator.costs import HardwareProfile
+
+# One timing of the reference probe around a profiling pass or a real slice (seconds; see speed_reference), and the
+# speed meter's mean canary reading inside it, its standard error and count (--drift-measure meter; else NaN, NaN, 0).
+PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s", "meter_s", "meter_se_s",
+                 "meter_readings")
+
+
+def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]],
+                   reference: Callable[[], float], progress: Callable[[str], None],
+                   check: Callable[[HardwareProfile], None] = lambda _: None,
+                   probe_log: list[dict[str, Any]] | None = None
+                   ) -> tuple[list[HardwareProfile], dict[tuple[str, int], list[Any]]]:
+    """Profile and serve in ``cfg.rounds`` rounds (up to ``cfg.max_rounds``: module docstring): each round profiles
+    the machine once, then serves one slice of every point. Returns the rounds' profiles (their element-wise
+    combination by ``cfg.combine_passes`` prices the simulator; the first pass is what the real loop's policies
+    price with) and the real slices of each point, one per round served. ``probe_log`` gets one record per profile
+    pass and per slice: the reference probe timed before and after it and, with ``drift_measure`` meter, the meter's
+    readings inside it (:data:`PROBE_COLUMNS`). ``check`` sees the first pass before any real run.
+
+    The real loop's policies price their decisions with the first pass's profile, as the simulator's do
+    (``SimulationSpec.policy_profile``): the step cost ``draft_s(R, g) + 1/SPS(B) + per_request(R)``, as the engine
+    prices it.
+    """
+    passes: list[HardwareProfile] = []
+    log = probe_log if probe_log is not None else []
+    reals: dict[tuple[str, int], list[Any]] = {p: [] for p in points}
+    meter = (SpeedMeter(speed_canary(cfg, models), time.thread_time if cfg.clock == "cpu" else time.perf_counter)
+             if cfg.drift_measure == "meter" else None)
+
+    def measured(key: tuple[str, str, int, int], work: Callable[[], Any]) -> Any:
+        """``work()``, the reference probe timed before and after it and the meter reading inside it, logged under
+        ``key``: (phase, policy, users, round)."""
+        before_s = reference()
+        with meter.phase(key) if meter is not None else nullcontext():
+            done = work()
+        after_s = reference()
+        readings = meter.summary(key) if meter is not None else (float("nan"), float("nan"), 0)
+        log.append(dict(zip(PROBE_COLUMNS, (key[3], *key[:3], before_s, after_s, *readings), strict=True)))
+        return done
+
+    planned, round_idx = cfg.rounds, 0
+    while round_idx < planned:
+        if cfg.profile is None or round_idx == 0:
+            progress(f"profiling the served models on this machine, pass {round_idx + 1}/{planned}")
+            passes.append(measured(("profile", "", 0, round_idx), lambda: measure_profile(cfg, models)))
+            if round_idx == 0:
+                check(passes[0])  # a profile the simulator refuses fails here, not after the real runs
+        shift = round_idx * len(points) // cfg.rounds % len(points)  # each round starts elsewhere
+        for name, users in points[shift:] + points[:shift]:
+            progress(f"{name} users={users}: serving for real, slice {round_idx + 1}/{planned} "
+                     f"({cfg.slice_duration_s:g} s)")
+            policy = make_policy(name)
+            serving_models = ServingModels(models.verifier, models.drafter, models.prompts,
+                                           loop_pricing(passes[0], cfg.drafter, policy.draft_tokens(cfg.gamma)),
+                                           models.description)
+            spec = ServingSpec(policy, cfg.gamma, cfg.traffic(users), cfg.limits(), cfg.slice_duration_s,
+                               cfg.warmup_s, cfg.seed + round_idx, cfg.prefill, clock=cfg.clock)  # type: ignore[arg-type]
+            reals[(name, users)].append(measured(("slice", name, users, round_idx),
+                                                 partial(serve, spec, serving_models)))
+        round_idx += 1
+        line, unsteady = round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)),
+                                        replace(cfg, rounds=planned, max_rounds=None), round_idx)
+        progress(line)
+        if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
+            raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}",
+                                   pd.DataFrame(log, columns=list(PROBE_COLUMNS)))
+        if round_idx == planned and planned < (cfg.max_rounds or 0):
+            price_se = run_price_se(cfg, reals, passes)
+            if not price_se <= STEADY_MAX_PROFILE_PRICE_SE:  # NaN (one pass) tells nothing: one more as well
+                planned += 1
+                spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
+                          f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
+                          f"of {100 * price_se:.2f}% (steady: at most {100 * STEADY_MAX_PROFILE_PRICE_SE:.2f}%)")
+                progress(f"{spread}: one more round, {planned} of at most {cfg.max_rounds}")
+    return passes, reals

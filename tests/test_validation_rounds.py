@@ -1,0 +1,112 @@
+"""A validation's rounds (calibration.validation.rounds): how many it serves, and ``max_rounds``, which adds rounds
+while the profile passes disagree (the end-to-end run with it: the slow test at the bottom)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.validation import rounds
+from calibration.validation.recombine import main as recombine_main
+from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE
+from calibration.validation.setup import ValidationConfig
+from calibration.validation.validate import main, parse_args
+from simulator.costs import load_profile
+
+PROFILE = load_profile("h200_qwen3-8b_analytic")
+
+
+def test_max_rounds_is_checked_at_start() -> None:
+    with pytest.raises(ValueError, match=r"max_rounds \(3\) must be >= rounds \(5\)"):
+        ValidationConfig(rounds=5, max_rounds=3)
+    with pytest.raises(ValueError, match="with a given profile there is one pass"):
+        ValidationConfig(max_rounds=9, profile="profile.json")
+    assert parse_args(["--rounds", "5", "--max-rounds", "9"])[0].max_rounds == 9
+    assert ValidationConfig().max_rounds is None
+
+
+@pytest.mark.parametrize(("duration_s", "warmup_s", "planned"), [(15.0, 0.5, 5), (4.0, 0.5, 5), (2.0, 0.3, 2),
+                                                                 (8.0, 0.5, 2), (15.0, 0.5, 9)])
+def test_a_run_with_more_rounds_keeps_the_slice_length(duration_s: float, warmup_s: float, planned: int) -> None:
+    cfg = ValidationConfig(duration_s=duration_s, warmup_s=warmup_s, rounds=planned, max_rounds=planned + 4)
+    assert cfg.with_rounds(planned) is cfg
+    for served in range(planned + 1, planned + 5):
+        more = cfg.with_rounds(served)
+        assert more.rounds == served and more.max_rounds == planned + 4
+        assert more.slice_duration_s == pytest.approx(cfg.slice_duration_s, rel=1e-12)
+        assert more.duration_s - warmup_s == pytest.approx((duration_s - warmup_s) * served / planned, rel=1e-12)
+
+
+def _fake_rounds(monkeypatch, price_ses: list[float]) -> list[str]:
+    """measure_rounds without models: every pass is the analytic profile, every slice an empty result, the reference
+    probe steady, and run_price_se reads ``price_ses`` in turn. Returns the progress lines."""
+    ses = iter(price_ses)
+    monkeypatch.setattr(rounds, "measure_profile", lambda cfg, models: PROFILE)
+    monkeypatch.setattr(rounds, "loop_pricing", lambda *args: None)
+    monkeypatch.setattr(rounds, "serve", lambda spec, models: SimpleNamespace(seed=spec.seed))
+    monkeypatch.setattr(rounds, "run_price_se", lambda cfg, reals, passes: next(ses))
+    return []
+
+
+@pytest.mark.parametrize(("price_ses", "served"), [
+    ([0.05, 0.01], 3),  # too wide after the 2 rounds asked for, narrow enough after one more
+    ([0.05, 0.05, 0.05], 5),  # never narrow enough: up to max_rounds, no further
+    ([STEADY_MAX_PROFILE_PRICE_SE], 2),  # at the bound is steady
+    ([float("nan"), 0.01], 3),  # NaN (one pass cannot tell) counts as not narrow enough
+])
+def test_max_rounds_adds_rounds_while_the_passes_disagree(monkeypatch, price_ses: list[float], served: int) -> None:
+    lines = _fake_rounds(monkeypatch, price_ses)
+    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=5)
+    probe_log: list[dict] = []
+    passes, reals = rounds.measure_rounds(cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
+                                                               description="none"),
+                                          [("mtp1", 1), ("mtp1", 2)], lambda: 1.0, lines.append,
+                                          probe_log=probe_log)
+    assert len(passes) == served and all(len(slices) == served for slices in reals.values())
+    assert [s.seed for s in reals[("mtp1", 1)]] == list(range(served))  # each round its own seed, as before
+    probes = pd.DataFrame(probe_log)
+    assert probes.groupby("round").size().tolist() == [3] * served  # a pass and two slices per round
+    extra = [line for line in lines if "one more round" in line]
+    assert len(extra) == served - 2 and (not extra or extra[-1].endswith(f"{served} of at most 5"))
+    assert f"pass {served}/{served}" in [line for line in lines if line.startswith("profiling")][-1]
+
+
+def test_without_max_rounds_a_run_serves_exactly_its_rounds(monkeypatch) -> None:
+    lines = _fake_rounds(monkeypatch, [])  # run_price_se is never asked
+    cfg = ValidationConfig(users=(1,), policies=("mtp1",), rounds=3)
+    passes, reals = rounds.measure_rounds(cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
+                                                               description="none"),
+                                          [("mtp1", 1)], lambda: 1.0, lines.append)
+    assert len(passes) == 3 and len(reals[("mtp1", 1)]) == 3 and not any("one more" in line for line in lines)
+
+
+@pytest.mark.slow  # ~60 s: acceptance logs, three profile passes and three rounds of real slices
+def test_a_run_extended_by_max_rounds_reports_and_recombines_the_rounds_it_served(tmp_path, monkeypatch,
+                                                                                  capsys) -> None:
+    """With the steady bound at 0 no pair of passes is close enough, so a run asked for 1 round goes on to its
+    max_rounds of 3: three passes and three slices per point, the measured window three times as long, the report
+    saying so, and config.json holding the rounds served, from which recombine gives back its figures exactly."""
+    monkeypatch.setattr(rounds, "STEADY_MAX_PROFILE_PRICE_SE", 0.0)
+    out = tmp_path / "out"
+    result = main(["--models", "random", "--users", "1,2", "--policies", "mtp1", "--duration-s", "1.3",
+                   "--warmup-s", "0.3", "--rounds", "1", "--max-rounds", "3", "--profile-repeats", "1",
+                   "--log-requests", "4", "--output-tokens", "16", "--drift-tolerance", "10", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "one profile pass cannot tell its own error: one more round, 2 of at most 3" in err
+    assert "the 2 profile passes price the points' real steps with a mean standard error of" in err
+    assert result.config.rounds == 3 and result.planned_rounds == 1 and len(result.passes) == 3
+    assert result.config.duration_s == pytest.approx(3.3) and result.config.slice_duration_s == pytest.approx(1.3)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rounds"] == 3 and config["duration_s"] == pytest.approx(3.3)
+    report = (out / "validation.md").read_text()
+    assert "real runs in 3 round-robin slice(s) of 1.3 s, each with its warm-up (1 asked for, 2 more while the " \
+           "profile passes disagreed; at most 3)" in report
+    assert sorted(p.name for p in (out / "profile_passes").iterdir()) == ["pass1.json", "pass2.json", "pass3.json"]
+    assert pd.read_parquet(out / "real_mtp1_u2_steps.parquet")["slice"].unique().tolist() == [0, 1, 2]
+    assert (result.table["slices"] == 3).all() and np.isfinite(result.table["profile_price_se"]).all()
+    recombined = recombine_main([str(out), "--rules", "trimmed"])[out]
+    assert len(recombined) == 2 and (recombined[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
