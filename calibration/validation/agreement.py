@@ -4,7 +4,7 @@ Reads each run's ``points.csv`` (written by ``python -m calibration.validate``) 
 per run, the mean and worst absolute error of throughput and mean tok/s/user over the
 reported points (a point refused for drift is left out and named), and, per point, every
 run's error with its interval (95% CI: the spread over the point's slices and the error of the
-profile's median over its passes, combined). Two runs *agree* at a point
+profile's combination of its passes, combined). Two runs *agree* at a point
 when their errors differ by no more than the two intervals combined (sqrt(ci1^2 + ci2^2)).
 """
 
