@@ -91,12 +91,12 @@ def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str
             reals[(name, users)].append(measured(("slice", name, users, round_idx),
                                                  partial(serve, spec, serving_models)))
         round_idx += 1
-        line, unsteady = round_progress(pd.DataFrame(log, columns=list(PROBE_COLUMNS)),
-                                        replace(cfg, rounds=planned, max_rounds=None), round_idx)
+        probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
+        line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx)
         progress(line)
         if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
             raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}",
-                                   pd.DataFrame(log, columns=list(PROBE_COLUMNS)))
+                                   probes)
         if round_idx == planned and planned < (cfg.max_rounds or 0):
             price_se = run_price_se(cfg, reals, passes)
             if not price_se <= STEADY_MAX_PROFILE_PRICE_SE:  # NaN (one pass) tells nothing: one more as well

@@ -167,8 +167,7 @@ class ValidationConfig:
         if rounds == self.rounds:
             return self
         measured_s = (self.duration_s - self.warmup_s) / self.rounds * rounds
-        return replace(self, rounds=rounds, duration_s=self.warmup_s + measured_s,
-                       max_rounds=None if self.max_rounds is None else max(self.max_rounds, rounds))
+        return replace(self, rounds=rounds, duration_s=self.warmup_s + measured_s)
 
     def limits(self) -> EngineLimits:
         return EngineLimits(max_concurrency=max(self.users),

@@ -83,8 +83,6 @@ LONG_CONTEXT: dict[str, Any] = {"prompt_tokens": 2048, "length_sigma": 0.35, "pr
                                 "profile_version": 2, "log_requests": 24}
 
 
-
-
 @dataclass(frozen=True)
 class Validation:
     """What a run produced: the side-by-side table (one row per point) and the inputs it was built from."""
