@@ -307,7 +307,8 @@ def speed_canary(cfg: ValidationConfig, models: Models) -> Callable[[], object]:
     return canary
 
 
-def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.DataFrame:
+def record_log(cfg: ValidationConfig, models: Models, num_draft: int, num_tokens: int | None = None,
+               max_kept_tokens: int | None = 1) -> pd.DataFrame:
     """A dense acceptance log of the served models on the traffic's prompts: a verified block of ``num_draft``
     tokens at every output position, replayed in order by the simulator
     (:class:`simulator.acceptance.replay.LoggedAcceptance`).
@@ -316,7 +317,8 @@ def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.Data
     distribution are decoded together by :class:`calibration.serving.specdec.SpeculativeDecoder`
     under ``mtp<num_draft>`` (every draft token verified), keeping one token per step, up
     to the traffic's longest output: any simulated request finds a logged block at every
-    position it reaches, with the context length it has there.
+    position it reaches, with the context length it has there. ``num_tokens`` decodes fewer;
+    ``max_kept_tokens=None`` decodes the same prompts as the serving loop does (every accepted token kept).
     """
     frames = []
     for d_idx, domain in enumerate(DOMAINS):
@@ -327,8 +329,9 @@ def record_log(cfg: ValidationConfig, models: Models, num_draft: int) -> pd.Data
         # The decoder's last prompt token is its first anchor: it stands for the prefill's first output token.
         prompts = [models.prompts(domain, int(n) + 1, rng) for n in prompt_tokens]
         generator = torch.Generator().manual_seed(int(seeds.generate_state(1)[0]))
-        frames.append(decode_and_record(models.verifier, models.drafter, prompts, cfg.max_output_tokens - 1,
-                                        num_draft, domain, rng, generator, max_kept_tokens=1))
+        frames.append(decode_and_record(models.verifier, models.drafter, prompts,
+                                        num_tokens or cfg.max_output_tokens - 1, num_draft, domain, rng, generator,
+                                        max_kept_tokens=max_kept_tokens))
     return pd.concat(frames, ignore_index=True)
 
 
