@@ -5,6 +5,7 @@ excess, the weight of the drift correction, and the loop's CPU clock."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from calibration.profiling.step_prices import priced_steps_s, step_cost_ratio
 from calibration.serving.clock import LoopClock
 from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import (
+    device_busy_fraction,
     drift_weight,
     least_refused,
     profile_price_se,
@@ -284,3 +286,17 @@ def test_the_unsteady_verdict_waits_for_the_passes_that_could_still_move_the_ref
     assert round_progress(_probes([10.0, 9.5, 10.0], [6.5, 7.0, 7.5, 7.8]), ValidationConfig(rounds=5), 3)[1]
     assert least_refused(np.array([6.5, 7.0, 7.5, 7.8]), np.arange(4), np.array([10.0, 9.5, 10.0]), 5, 0.1, 5) == \
         (4, False, True)
+
+
+def test_the_busy_share_counts_the_steps_that_end_in_each_window() -> None:
+    def part(start_at: float, end_at: float, steps: list[tuple[float, float]]) -> SimpleNamespace:
+        return SimpleNamespace(summary={"window_start_at": start_at, "window_end_at": end_at},
+                               steps=pd.DataFrame(steps, columns=["start_at", "end_at"]))
+    # window 1 of 2 s: 0.2 s of the step across its start, then 0.5 + 0.25 s (the steps ending at 0.9 and 3.2 lie
+    # outside it)
+    first = part(1.0, 3.0, [(0.5, 0.9), (0.9, 1.2), (1.5, 2.0), (2.5, 2.75), (3.0, 3.2)])
+    # window 2 of 1 s: one step of 0.5 s ending at its end
+    second = part(0.0, 1.0, [(0.5, 1.0)])
+    assert device_busy_fraction([first]) == pytest.approx(0.475)
+    assert device_busy_fraction([first, second]) == pytest.approx(1.45 / 3.0)
+    assert device_busy_fraction([part(0.0, 1.0, [(-0.5, 0.5), (0.5, 1.0)])]) == pytest.approx(1.0)  # never above

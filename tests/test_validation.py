@@ -298,6 +298,8 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     assert (probes[["before_s", "after_s"]] > 0).all().all()
     assert (probes["meter_readings"] > 20).all() and (probes["meter_se_s"] > 0).all()  # every stretch was read
     assert table["drift_weight"].nunique() == 1 and 0.0 <= table["drift_weight"].iloc[0] <= 1.0
+    # the decode device's busy share: mostly in steps at 2-4 users, on both sides
+    assert ((table[["busy_sim", "busy_real"]] > 0.5) & (table[["busy_sim", "busy_real"]] <= 1.0)).all().all()
     assert result.profile.source == "measured" and "loop_costs" in result.profile.metadata
     # greedy and dspark are priced by their own steps in the loop probe (mtp by the shared model alone)
     meta = result.profile.metadata

@@ -214,4 +214,19 @@ def slice_summary(runs: list[Any]) -> dict[str, Any]:
 def pooled(slices: list[Any]) -> dict[str, Any]:
     summary = dict(slices[0].summary) if len(slices) == 1 else pooled_summary(slices)
     summary["mean_context_tokens"] = mean_context_tokens(slices)
+    summary["device_busy_fraction"] = device_busy_fraction(slices)
     return summary
+
+
+def device_busy_fraction(slices: Sequence[Any]) -> float:
+    """The share of the runs' measurement windows that the decode device spent in steps (the steps that end in a
+    window, from the window's start on, over the windows' total length). The rest is waiting: for prefills, and in
+    the real loop also the work between one request's last step and the next one's first, which the simulator does
+    not price."""
+    busy_s = window_s = 0.0
+    for part in slices:
+        start_at, end_at = part.summary["window_start_at"], part.summary["window_end_at"]
+        steps = part.steps[(part.steps["end_at"] > start_at) & (part.steps["end_at"] <= end_at)]
+        busy_s += float((steps["end_at"] - steps["start_at"].clip(lower=start_at)).sum())
+        window_s += end_at - start_at
+    return busy_s / window_s if window_s > 0 else float("nan")

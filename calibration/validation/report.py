@@ -31,6 +31,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
     # KV tokens a request holds before a step, averaged over request-steps (from the steps tables; the simulator
     # records it when its profile prices context)
     "context": ("mean context tokens", ("mean_context_tokens",), 1.0),
+    "busy": ("decode busy share", ("device_busy_fraction",), 1.0),  # time in steps over the window (points.py)
 }
 TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
 
