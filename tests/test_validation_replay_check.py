@@ -62,3 +62,10 @@ def test_the_command_refuses_sizes_below_one(flag: str, capsys) -> None:
     with pytest.raises(SystemExit):
         main([flag, "0"])
     assert f"{flag} must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_command_reports_the_validations_own_checks_in_one_line(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--prompt-tokens", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("error: prompt_tokens, output_tokens, log_requests, gamma and rounds must be >= 1")

@@ -52,9 +52,9 @@ def replayed_steps(log: pd.DataFrame, num_draft: int, num_tokens: int, dense: bo
     keys = log[["domain", "request_id"]].drop_duplicates()
     keys = keys.assign(rank=keys["domain"].map(DOMAINS.index)).sort_values(["rank", "request_id"])
     domain_idx = keys["rank"].to_numpy(dtype=np.int64)
-    per_domain = np.bincount(domain_idx, minlength=len(DOMAINS))
     within = keys.groupby("rank").cumcount().to_numpy()
-    difficulty = (within + 0.5) / per_domain[domain_idx]  # logged request i of its domain, in request_id order
+    # logged request i of its domain (the replay's order: request_id within each domain)
+    difficulty = (within + 0.5) / replay.requests_per_domain[domain_idx]
     decoded = np.zeros(len(keys), dtype=np.int64)
     steps = np.zeros(len(keys), dtype=np.int64)
     rng = np.random.default_rng(0)  # unused by a walk; the interface takes one
@@ -106,8 +106,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     for name in ("draft", "requests", "tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    cfg = replace(d, models=args.models, drafter=args.drafter, gamma=args.draft, log_requests=args.requests,
-                  prompt_tokens=args.prompt_tokens, output_tokens=args.tokens, seed=args.seed, threads=args.threads)
+    try:
+        cfg = replace(d, models=args.models, drafter=args.drafter, gamma=args.draft, log_requests=args.requests,
+                      prompt_tokens=args.prompt_tokens, output_tokens=args.tokens, seed=args.seed,
+                      threads=args.threads)
+    except ValueError as err:  # the validation's own checks (prompt tokens, drafter, ...), as one line
+        p.error(str(err))
     table = replay_check(cfg, args.draft, args.tokens)
     print(f"in-order replay of a dense log against real decoding: mtp{args.draft}, {args.models} models, "
           f"{args.requests} prompts per domain, {args.tokens} output tokens, seed {args.seed}")

@@ -329,9 +329,9 @@ def record_log(cfg: ValidationConfig, models: Models, num_draft: int, num_tokens
         # The decoder's last prompt token is its first anchor: it stands for the prefill's first output token.
         prompts = [models.prompts(domain, int(n) + 1, rng) for n in prompt_tokens]
         generator = torch.Generator().manual_seed(int(seeds.generate_state(1)[0]))
-        frames.append(decode_and_record(models.verifier, models.drafter, prompts,
-                                        num_tokens or cfg.max_output_tokens - 1, num_draft, domain, rng, generator,
-                                        max_kept_tokens=max_kept_tokens))
+        tokens = cfg.max_output_tokens - 1 if num_tokens is None else num_tokens
+        frames.append(decode_and_record(models.verifier, models.drafter, prompts, tokens, num_draft, domain, rng,
+                                        generator, max_kept_tokens=max_kept_tokens))
     return pd.concat(frames, ignore_index=True)
 
 
