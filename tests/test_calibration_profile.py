@@ -136,11 +136,13 @@ def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2:
     assert profile.attention is not None and profile.attention.x.tolist() == [0, 512, 2048]
     assert profile.attention.y.tolist() == [1, 2, 3, 5, 9]  # 1 + gamma for the quick gammas 1, 2, 4, 8
     assert profile.chunk_attention is not None and profile.draft_uses_context("dspark")
-    # Attention grows with context: the dense part is at context 0, so the table's first row is exactly 0, and four
-    # requests over 2048 cached tokens each take visibly longer than over none.
+    # Attention grows with context: the dense part is at context 0, so the table's first row is exactly 0; summed
+    # over the query sizes (one cell is a few per cent of its forwards, so noise can swap two neighbours) each row
+    # costs more than the one before; and four requests over 2048 cached tokens each take visibly longer than over
+    # none.
     np.testing.assert_array_equal(profile.attention.values[0], 0.0)
+    assert (np.diff(profile.attention.values.sum(axis=1)) > 0).all()
     four = np.full(4, 2048)
-    assert profile.attention_s(four, 1) > profile.attention_s(np.full(4, 512), 1) >= 0.0
     assert profile.attention_s(four, 1) > 0.05 * profile.verify_s(4, 4)
     result = simulate(SimulationSpec(
         policy=make_policy("dspark"), profile=profile, drafter=DrafterSpec("dspark", 8),

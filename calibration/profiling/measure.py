@@ -105,6 +105,7 @@ class ProfileConfig:
     # Version 2: each drafter's own R grid, in ``drafters`` order (empty: ``num_requests`` for every drafter); the
     # memory check cuts each by that drafter's cache alone (memory.fit_requests)
     draft_requests: tuple[tuple[int, ...], ...] = ()
+    difference_repeats: int | None = None  # version 2: timed rounds of each difference pair (None: ``repeats``)
 
     def __post_init__(self) -> None:
         if self.format_version not in (1, 2):
@@ -165,10 +166,10 @@ def split_tokens(tokens: int, per_request: int) -> list[int]:
 def count_points(cfg: ProfileConfig) -> int:
     draft_rows = sum(len(grid) for grid in cfg.draft_grids().values())
     drafts = draft_rows * len(cfg.draft_tokens)
-    context = 0 if cfg.context_axes is None else cfg.context_axes.num_points(draft_rows,
-                                                                             len(cfg.draft_tokens)) - drafts
+    axes = cfg.context_axes
+    context = 0 if axes is None else axes.num_points(draft_rows, len(cfg.draft_tokens)) - drafts
     return (len(cfg.batch_tokens) * len(cfg.verify_contexts) + len(cfg.captured_tokens) + 2 * len(padded_requests(cfg))
-            + (2 if cfg.context_axes is None else 3) * len(cfg.num_requests) + drafts + context + 2
+            + (2 if axes is None else 3) * len(cfg.num_requests) + drafts + context + 2
             + 3 * cfg.host_overhead)
 
 
@@ -181,13 +182,11 @@ def padding_cost(query_tokens: int, short_s: dict[int, float], probes: dict[int,
     """Seconds per padded query slot from the padding probe (see ``padded_slot_definition``); 0 without one.
 
     ``short_s[R]``: R requests of 1 token; ``probes[R]``: (one request of ``query_tokens`` + R-1 of 1, R requests
-    of ``query_tokens``) seconds. A variable-length attention kernel gives ~0 (noise can make it negative: kept
-    at 0).
+    of ``query_tokens``) seconds. A variable-length attention kernel gives ~0 (noise can make it negative: kept at 0).
     """
     q, slots, excess = query_tokens, [], []
     for r, (mixed_s, long_s) in probes.items():
-        batch = q + r - 1
-        flat_s = short_s[r] + (long_s - short_s[r]) * (batch - r) / (q * r - r)  # linear in B, same R
+        flat_s = short_s[r] + (long_s - short_s[r]) * (q - 1) / (q * r - r)  # linear in B = q + r - 1, same R
         slots.append((r - 1) * (q - 1))
         excess.append(mixed_s - flat_s)
     if not slots:
@@ -256,7 +255,7 @@ def measure(cfg: ProfileConfig, on_point: Callable[[str], None] = lambda _: None
         differences = iter(time_differences(
             difference_pairs(axes, model, forward, device, gen, drafters, layout, capture)
             + request_pairs(cfg.num_requests, model, forward, device, gen, layout, capture, cfg.cuda_graph_tokens),
-            cfg.warmup, cfg.repeats, device, on_point))
+            cfg.warmup, cfg.difference_repeats or cfg.repeats, device, on_point))
         blocks, notes = context_blocks(axes, differences, times, cfg.draft_grids(), cfg.draft_tokens,
                                        attention_replayed=replay)
         per_request = read_request_pairs(differences, cfg.num_requests, notes)
@@ -364,7 +363,8 @@ def _metadata(cfg: ProfileConfig, model: Verifier, device: torch.device, curves:
         "model_shape": asdict(model.s),
         "feature_layers": list(model.feature_layers),
         "config": asdict(cfg),
-        "timing": (f"median of {cfg.repeats} runs after {cfg.warmup} warm-up runs, device synchronised"
+        "timing": (f"median of {cfg.repeats} runs ({cfg.difference_repeats or cfg.repeats} rounds per difference "
+                   f"pair) after {cfg.warmup} warm-up runs, device synchronised"
                    + (", interleaved round-robin over the grid; " if cfg.interleave else "; ")
                    + "host-side index building excluded; "
                    + ("random weights" if cfg.checkpoints is None else f"weights of {cfg.checkpoints}")),

@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto = bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--quick", action="store_true",
-                   help="small grids for tests: B up to 64, R in 1..16, gamma in {1,2,4,8}, 3 repeats, "
+                   help="small grids for tests: B up to 64, R in 1..16, gamma in {1,2,4,8}, 3 repeats (9 rounds per "
+                        "difference pair: a difference is a small share of its forwards), "
                         "contexts 0,64 (version 2: 0,512,2048, queries 1,2,3,5,9, chunks 16,64 over 0,512), "
                         "prefill 32/128 tokens (overrides the grid options below)")
     p.add_argument("--grid", default="default", choices=["default", "full"],
@@ -192,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
                          None if args.kv_budget_gb is None else args.kv_budget_gb * 1e9, args.host_overhead,
                          args.interleave, None if args.checkpoints is None else str(args.checkpoints),
                          format_version=args.format_version, context_axes=axes, probe_context=args.probe_context,
-                         cuda_graph_tokens=args.cuda_graphs)
+                         cuda_graph_tokens=args.cuda_graphs, difference_repeats=9 if args.quick else None)
 
 
 def _default_contexts(args: argparse.Namespace, device: str) -> tuple[int, ...]:
