@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from simulator.batch import StepPlan
@@ -29,10 +31,14 @@ class DecodeStep(StepPlan):
     num_good = 0
     longest = -1  # the longest l_r, once settled
     ends_request = completes_prefill = False
-    duration_s = end_at = 0.0
+    duration_s = end_at = churn_s = 0.0
 
-    def priced(self, cost: VerifyCost) -> None:
-        """The target's time is known: the step lasts T_draft + T_sched + T_verify from ``start_at``."""
+    def priced(self, cost: VerifyCost, churn_s: float = 0.0) -> None:
+        """The target's time is known: the step lasts T_draft + T_sched + T_verify from ``start_at``, plus
+        ``churn_s`` for the requests joining before it and finishing in it (in the log's verify_s)."""
+        self.churn_s = churn_s
+        if churn_s:
+            cost = replace(cost, verify_s=cost.verify_s + churn_s)
         self.cost = cost
         self.duration_s = self.draft_s + self.sched_s + cost.verify_s
         self.end_at = self.start_at + self.duration_s

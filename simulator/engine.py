@@ -122,6 +122,7 @@ class DecodeEngine(Preemption):
         self._repeats = (self._no_drafts is not None and not self.needs_context and mode == "disaggregated"
                          and not self.pricer.attention)
         self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
+        self._joined = 0  # requests that joined the batch since the last plan (their first step is the next one)
         self.load = 0  # requests held (decoding, prefilling, waiting) for the least-loaded router, counted
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
@@ -212,6 +213,7 @@ class DecodeEngine(Preemption):
         store.decode_start_at[ids[first]] = self.now
         store.engine[ids] = self.engine_id
         self.decode.add(store, ids, remaining, held)
+        self._joined += ids.size
 
     # ------------------------------------------------------------------ the step loop
 
@@ -228,7 +230,8 @@ class DecodeEngine(Preemption):
             for _ in range(MAX_RUN_AHEAD_STEPS):  # steps whose end nobody else sees: no SimPy round trip
                 if not self._may_run_ahead(plan):
                     break
-                if self._repeats and not self.waiting and plan.decision.smoothed is None and not self.memory.smoothed:
+                if (self._repeats and not self.waiting and plan.decision.smoothed is None and not self.memory.smoothed
+                        and not plan.churn_s):
                     self._repeat(plan)
                 else:
                     self._apply(plan, plan.end_at)
@@ -288,8 +291,16 @@ class DecodeEngine(Preemption):
             plan.completes_prefill = bool((plan.chunks == left).any())
         if plan.num_requests == 0 and not (plan.chunks.size and plan.chunks.any()):
             return None
-        plan.priced(self.costs.verify(plan, self.prefill.done))
+        plan.priced(self.costs.verify(plan, self.prefill.done), self._churn_s(plan))
         return plan
+
+    def _churn_s(self, plan: DecodeStep) -> float:
+        """The profile's work for the requests that joined the batch before ``plan`` and those it finishes."""
+        joined, self._joined = self._joined, 0
+        if not plan.ends_request:
+            return self.pricer.profile.churn_s(joined, 0)
+        after = plan.remaining_after if plan.remaining_after is not None else self.decode.remaining - 1
+        return self.pricer.profile.churn_s(joined, int(np.count_nonzero(after == 0)))
 
     def _decide(self, plan: DecodeStep) -> None:
         policy, g, decode = self.policy, self.draft_tokens, self.decode

@@ -77,6 +77,7 @@ from calibration.profiling.policy_steps import (
     probe_duration_s,
     serve_stretched,
 )
+from calibration.profiling.residual_fit import VARIABLE_LENGTH, churn_fit, probe_misfit
 from calibration.profiling.step_prices import batch_contexts
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
@@ -94,7 +95,7 @@ class VariableLength(PolicyTraits):
     changes every step - a hash of the drafter's first confidence, independent of what will be accepted - so
     that the probe's steps have the varying, padded shapes a dynamic policy's steps have, at no decision cost."""
 
-    name: ClassVar[str] = "varlen-probe"
+    name: ClassVar[str] = VARIABLE_LENGTH
     reads_cost: ClassVar[bool] = False
 
     def decide(self, view: StepView) -> Decision:
@@ -124,6 +125,9 @@ class LoopCosts:
     # probe name -> [NR] its steps' mean residual minus the line's mean over them, as a share of their mean cycle
     # (how far the shared a_R + c B misses that probe's own steps; a report, not folded into the tables)
     probe_misfit: dict[str, list[float]] = field(default_factory=dict)
+    # the step's work per request that joined the batch before it and per request it finished (version 2 only)
+    join_s: float = 0.0
+    leave_s: float = 0.0
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -140,6 +144,8 @@ class LoopCosts:
         # c: host work per verified token. Version 2 has a field for it that the engine charges on decode tokens
         # alone; in the dense table (version 1) it would also be charged on co-located prefill chunks' tokens.
         per_decode_token = profile.get("version", 1) >= 2
+        if not per_decode_token and (self.join_s or self.leave_s):
+            raise ValueError("join_s and leave_s need a version-2 profile (verify.join_s, verify.leave_s)")
         step_s = 1.0 / np.array(verify["steps_per_s"])
         if not per_decode_token:
             step_s = step_s + self.extra_per_batch_token_s * tokens
@@ -155,8 +161,11 @@ class LoopCosts:
                                         + ("verify.decode_token_s += extra_per_batch_token_s (charged per decode "
                                            "token, none per prefill-chunk token)" if per_decode_token else
                                            "1/SPS(B) += extra_per_batch_token_s * B")
+                                        + ("; verify.join_s, verify.leave_s = join_s, leave_s" if per_decode_token
+                                           else "")
                                         + "; per_request(R) += extra_per_request_s(R) (clipped at 0)"}
-        out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s}
+        out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s,
+                          **({"join_s": self.join_s, "leave_s": self.leave_s} if self.join_s or self.leave_s else {})}
                          if per_decode_token else {**verify, "steps_per_s": (1.0 / step_s).tolist()})
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
@@ -235,27 +244,13 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     sums = s[s["static"]].groupby(["users", "draft_tokens"])[["draft_s", "iso_draft_s"]].sum()
     factors = sums["draft_s"] / sums["iso_draft_s"]
     grid = tuple(tuple(float(factors.get((r, k), np.nan)) for k in gammas) for r in probed)
-    # residual = a_R + c B, one intercept per probed R and a common slope, least squares over every step (a mean fit)
-    design = np.column_stack([(s["users"] == r).to_numpy(float) for r in probed] + [s["batch_tokens"]])
-    coef = np.linalg.lstsq(design, s["residual_s"].to_numpy(), rcond=None)[0]
-    if coef[-1] < 0:  # work per batch token cannot be negative: noise; keep the intercepts, no slope
-        coef[-1] = 0.0
-        coef[:-1] = [s.loc[s["users"] == r, "residual_s"].mean() for r in probed]
+    line = churn_fit(s, probed, churn=isolated.version >= 2)
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
     prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
-    return LoopCosts(probed, gammas, grid, tuple(float(c) for c in coef[:-1]), float(coef[-1]), prefill_factor,
+    return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factor,
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
-                     probe_misfit(s.assign(line_s=design @ coef), probed))
-
-
-def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:
-    """Per probe (``mtp<g>``, the variable-length one) and probed R: its steps' mean ``residual_s`` less their mean
-    ``line_s`` (the fit), over their mean ``cycle_s`` (columns users, draft_tokens, static); 0: the line fits it."""
-    name = np.where(steps["static"], "mtp" + steps["draft_tokens"].astype(str), VariableLength.name)
-    means = steps.assign(probe=name).groupby(["probe", "users"])[["residual_s", "line_s", "cycle_s"]].mean()
-    share = (means["residual_s"] - means["line_s"]) / means["cycle_s"]
-    return {probe: [float(share.get((probe, r), np.nan)) for r in probed] for probe in sorted(set(name))}
+                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s)
 
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:

@@ -80,10 +80,15 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
       ``batch_tokens / num_requests`` query tokens (the log keeps the sum of the verification lengths, not each
       one: exact when they are equal) over the mean context, or the longest with key padding, and each chunk's
       attention over its computed-before context (``chunks``: the run's chunks table, whose ``step`` are labels of
-      ``steps``'s index; needed when a step has prefill tokens).
+      ``steps``'s index; needed when a step has prefill tokens);
+    * the work for the requests that joined the batch before the step and those it finished (``verify.join_s``,
+      ``verify.leave_s``), in the target's part, from the columns ``num_joined`` and ``num_left`` where the table
+      has them.
     """
     by_step = _chunks_by_step(steps, chunks)
     out = np.zeros((len(steps), len(PARTS)))
+    if "num_joined" in steps:  # the engine's churn work (steps logged before the loop counted it: none priced)
+        out[:, 2] = [profile.churn_s(j, n) for j, n in zip(steps["num_joined"], steps["num_left"], strict=True)]
     for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
             steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
             steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
@@ -98,7 +103,7 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
             if profile.attention is not None:
                 mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
                 attention_s = profile.attention_s(mean, np.full(r, max(1, round(b / r))))
-        out[i, 2] = target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens).verify_s
+        out[i, 2] += target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens).verify_s
     return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
 
 

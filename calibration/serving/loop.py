@@ -127,6 +127,7 @@ class _Server:
         self.outputs: dict[int, list[int]] = {}
         self.num_finished = 0
         self.waited_s = 0.0  # slept since the previous step (see _take_wait)
+        self.joined = 0  # requests that joined the batch since the previous step (this step's num_joined)
         self.canary_s = float("nan")  # the speed meter's reading before the current step (see _read_speed)
         self.cpu_start_s = time.thread_time()
         g = spec.policy.draft_tokens(spec.gamma)
@@ -190,6 +191,7 @@ class _Server:
 
     def _join(self, rid: int, staged: Prefilled, at: float) -> None:
         self.batch.join(rid, staged)
+        self.joined += 1
         self.store.decode_start_at[rid] = at
         self.store.engine[rid] = 0
         self.remaining[rid] = int(self.store.output_tokens[rid]) - 1
@@ -244,11 +246,12 @@ class _Server:
             raise RuntimeError("requests wait to be prefilled but no chunk fits: check the token budget")
         firsts, timing = self.batch.chunk_step(chunks, self.rng_accept)
         end_at = self.clock.now()
+        joined, self.joined = self.joined, 0  # (0: only a decode step follows a join)
         prefill_tokens, num_prefilling = self._advance_prefill(firsts, start_at, end_at)
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
                           host_s, 0, 0, prefill_tokens, num_prefilling, 0, self._take_wait(),
-                          time.thread_time() - self.cpu_start_s, self.canary_s)
+                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, 0)
 
     def _take_wait(self) -> float:  # seconds slept since the previous step (its wait_s)
         waited_s, self.waited_s = self.waited_s, 0.0
@@ -291,6 +294,7 @@ class _Server:
         if done_slots:
             batch.leave(done_slots)
         end_at = clock.now()
+        joined, self.joined = self.joined, 0  # before the chunks' requests join: their first step is the next one
         prefill_tokens, num_prefilling = self._advance_prefill(record.first_tokens, start_at, end_at)
         if end_at > self.spec.warmup_s:
             g = self.verified_length_counts.size - 1
@@ -301,7 +305,7 @@ class _Server:
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
                           timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()),
                           prefill_tokens, num_prefilling, int(lengths.max()), self._take_wait(),
-                          time.thread_time() - self.cpu_start_s, self.canary_s)
+                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, len(done_slots))
         if finished.size:
             self._finish(finished, end_at)
 

@@ -12,6 +12,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
     + decode_token_s * sum_r (1 + l_r)              host work per decode (verification) token, none per chunk token
     + mixed_step(R)                                 a step with prefill chunks beside R >= 1 decoding requests:
                                                     fixed_s + per_request_s * R (prefill.mixed_step)
+    + join_s * J + leave_s * L                      J requests joined the batch since the previous step (this is
+                                                    their first), L finish in this one: the engine's bookkeeping
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
 tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
@@ -79,6 +81,8 @@ class HardwareProfile:
     chunk_attention: Table2D | None = None  # seconds of one prefill chunk over (context_tokens, chunk_tokens)
     prefill_table: Table1D | None = None  # seconds of one disaggregated prefill over prompt_tokens (prefill.table)
     decode_token_s: float = 0.0  # seconds per decode (verification) token of a step, none per prefill-chunk token
+    join_s: float = 0.0  # seconds a step spends per request that joined the batch since the previous step
+    leave_s: float = 0.0  # seconds a step spends per request it finishes
     mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
@@ -168,6 +172,11 @@ class HardwareProfile:
         if self.mixed_step is None:
             return 0.0
         return self.mixed_step[0] + self.mixed_step[1] * num_requests
+
+    def churn_s(self, num_joined: int, num_left: int) -> float:
+        """The engine's work for requests joining the batch before a step and finishing in it (``verify.join_s``,
+        ``verify.leave_s``; 0 without them)."""
+        return self.join_s * num_joined + self.leave_s * num_left
 
     def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray) -> float:
         """Attention of prefill chunks: ``chunk_tokens[i]`` new prompt tokens over ``context_tokens[i]`` computed

@@ -30,7 +30,8 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # Top-level fields in the order a writer puts them; the version-2 ones are optional.
 FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_request", "attention", "cuda_graphs",
           "token_budget", "draft", "prefill", "scheduler")
-V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verify.decode_token_s",
+V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verify.decode_token_s", "verify.join_s",
+             "verify.leave_s",
              "draft.<kind>.context_tokens",
              "draft.<kind>.key_padding",
              "prefill.chunk_attention", "prefill.table", "prefill.mixed_step")
@@ -106,18 +107,19 @@ def _metadata(data: dict[str, Any], origin: str) -> dict[str, Any]:
     return dict(meta)
 
 
-def _decode_token_s(verify: dict[str, Any], version: int, origin: str) -> float:
-    """``verify.decode_token_s`` (version 2): seconds per decode (verification) token of a step, 0 when absent."""
-    if "decode_token_s" not in verify:
+def _verify_seconds(verify: dict[str, Any], key: str, version: int, origin: str) -> float:
+    """A version-2 number of seconds in ``verify`` (``decode_token_s``: per decode token of a step; ``join_s``,
+    ``leave_s``: per request that joins the batch before a step, resp. finishes in it), >= 0, 0 when absent."""
+    if key not in verify:
         return 0.0
-    _needs_v2(version, True, "verify.decode_token_s", origin)
-    return f.number(verify["decode_token_s"], "verify.decode_token_s", origin, True)
+    _needs_v2(version, True, f"verify.{key}", origin)
+    return f.number(verify[key], f"verify.{key}", origin, True)
 
 
 def _verify(data: dict[str, Any], version: int, origin: str) -> tuple[Table1D, Table1D | None, float]:
     verify = f.block(data, "verify", origin)
-    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", "decode_token_s"), "verify.",
-                 origin)
+    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", "decode_token_s", "join_s",
+                          "leave_s"), "verify.", origin)
     tokens = f.axis(f.get(verify, "batch_tokens", "verify.", origin), "verify.batch_tokens", origin)
     padded = f.number(verify.get("padded_slot_s", 0.0), "verify.padded_slot_s", origin, True)
     what = "verify SPS over batch_tokens"
@@ -333,5 +335,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         padded_slot_s=padded_slot_s, scheduler_inline=inline, scheduler_by_policy=by_policy, raw=data, path=origin,
         version=version, dense_step_s=dense_step_s, attention=attention, key_padding=key_padding,  # type: ignore[arg-type]
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
-        chunk_attention=chunk_attention, prefill_table=prefill_table,
-        decode_token_s=_decode_token_s(data["verify"], version, origin), mixed_step=_mixed_step(data, version, origin))
+        chunk_attention=chunk_attention, prefill_table=prefill_table, mixed_step=_mixed_step(data, version, origin),
+        decode_token_s=_verify_seconds(data["verify"], "decode_token_s", version, origin),
+        join_s=_verify_seconds(data["verify"], "join_s", version, origin),
+        leave_s=_verify_seconds(data["verify"], "leave_s", version, origin))
