@@ -123,6 +123,7 @@ class DecodeEngine(Preemption):
                          and not self.pricer.attention)
         self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
         self._joined = 0  # requests that joined the batch since the last plan (their first step is the next one)
+        self._idle = True  # nothing to run since the last plan: the next step wakes the engine
         self.load = 0  # requests held (decoding, prefilling, waiting) for the least-loaded router, counted
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
@@ -223,6 +224,7 @@ class DecodeEngine(Preemption):
             self.now = env.now
             plan = self._next_plan()
             if plan is None:
+                self._idle = True
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
@@ -295,12 +297,13 @@ class DecodeEngine(Preemption):
         return plan
 
     def _churn_s(self, plan: DecodeStep) -> float:
-        """The profile's work for the requests that joined the batch before ``plan`` and those it finishes."""
-        joined, self._joined = self._joined, 0
+        """The profile's work for the requests that joined the batch before ``plan``, those it finishes, and for
+        waking the engine when it sat idle before it."""
+        (joined, self._joined), (woke, self._idle) = (self._joined, 0), (self._idle, False)
         if not plan.ends_request:
-            return self.pricer.profile.churn_s(joined, 0)
+            return self.pricer.profile.churn_s(joined, 0, woke)
         after = plan.remaining_after if plan.remaining_after is not None else self.decode.remaining - 1
-        return self.pricer.profile.churn_s(joined, int(np.count_nonzero(after == 0)))
+        return self.pricer.profile.churn_s(joined, int(np.count_nonzero(after == 0)), woke)
 
     def _decide(self, plan: DecodeStep) -> None:
         policy, g, decode = self.policy, self.draft_tokens, self.decode

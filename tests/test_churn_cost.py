@@ -1,7 +1,9 @@
-"""The engine's work for requests joining and leaving the batch, ``verify.join_s`` and ``verify.leave_s`` (v2).
+"""The engine's work for requests joining and leaving the batch and for waking from idle: ``verify.join_s``,
+``verify.leave_s`` and ``verify.wake_s`` (v2).
 
 A real loop moves a request's caches into the batch when it joins and takes them out when it finishes; that work
-lands in the first and the last step of every request. The fields are read and checked like every version-2
+lands in the first and the last step of every request. The first step after the loop sat idle runs slower too
+(caches and clocks have gone cold). The fields are read and checked like every version-2
 number, the engine charges them in exactly those steps (the steps and everything else stay as they were), the loop
 probe fits them beside its per-R line, and the real loop's logged steps are priced with them.
 """
@@ -23,7 +25,7 @@ from simulator.costs import ProfileError, Version2Blocks, profile_from_dict, pro
 from simulator.costs.step_cost import target_cost
 from tests.cost_factories import closed_spec
 
-JOIN_S, LEAVE_S = 4e-4, 1.5e-4  # the sizes the loop probe measures on the CPU
+JOIN_S, LEAVE_S, WAKE_S = 1e-4, 1.5e-4, 4e-4  # the sizes the validation's real steps show on the CPU
 
 
 def _with(raw: dict, **fields: float) -> dict:
@@ -39,8 +41,9 @@ def v2_raw(default_profile) -> dict:
 
 def test_the_fields_are_read_checked_and_round_trip(default_profile, v2_raw) -> None:
     assert profile_from_dict(v2_raw).churn_s(3, 2) == 0.0  # absent: nothing charged
-    profile = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S))
+    profile = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S, wake_s=WAKE_S))
     assert profile.churn_s(3, 2) == pytest.approx(3 * JOIN_S + 2 * LEAVE_S)
+    assert profile.churn_s(0, 0, woke=True) == WAKE_S
     assert profile_from_dict(profile_to_dict(profile)).churn_s(1, 1) == pytest.approx(JOIN_S + LEAVE_S)
     with pytest.raises(ProfileError, match=r"^x\.json: field 'verify\.join_s' needs version 2 \(this file says "
                                            r"version 1\)$"):
@@ -52,9 +55,10 @@ def test_the_fields_are_read_checked_and_round_trip(default_profile, v2_raw) -> 
 @pytest.mark.parametrize("policy", ["mtp3", "greedy"])
 def test_the_engine_charges_each_request_once_in_its_first_and_last_step(v2_raw, policy) -> None:
     """One user: every request runs alone, so the steps are the same with and without the fields and only their
-    durations move - by join_s in each request's first step and leave_s in its last."""
+    durations move - by join_s in each request's first step and leave_s in its last, and by wake_s in the first,
+    because the engine sat idle while the request's prefill ran on the prefill instance."""
     base = profile_from_dict(v2_raw)
-    churned = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S))
+    churned = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S, wake_s=WAKE_S))
     spec = closed_spec(make_policy(policy), base, 1, prompt_tokens=100, output_tokens=40, gamma=3,
                        duration_s=2.0, warmup_s=0.0)
     plain = simulate(spec)
@@ -67,9 +71,9 @@ def test_the_engine_charges_each_request_once_in_its_first_and_last_step(v2_raw,
     first = np.isin(a["start_at"], reqs["decode_start_at"]).astype(float)
     last = np.isin(a["end_at"], reqs["finished_at"]).astype(float)
     assert first.sum() > 10 and last.sum() > 10
-    np.testing.assert_allclose((b["end_at"] - b["start_at"]) - (a["end_at"] - a["start_at"]),
-                               JOIN_S * first + LEAVE_S * last, atol=1e-12)
-    np.testing.assert_allclose(b["verify_s"] - a["verify_s"], JOIN_S * first + LEAVE_S * last, atol=1e-12)
+    extra_s = (JOIN_S + WAKE_S) * first + LEAVE_S * last
+    np.testing.assert_allclose((b["end_at"] - b["start_at"]) - (a["end_at"] - a["start_at"]), extra_s, atol=1e-12)
+    np.testing.assert_allclose(b["verify_s"] - a["verify_s"], extra_s, atol=1e-12)
 
 
 def test_many_users_pay_for_every_join_and_leave(v2_raw) -> None:
@@ -95,12 +99,15 @@ def test_the_probe_fit_recovers_join_and_leave_costs() -> None:
     n = 4000
     users = rng.choice([1, 2, 4], n)
     joined, left = rng.binomial(users, 0.1), rng.binomial(users, 0.1)
+    slept = np.where(users == 1, joined, rng.binomial(1, 0.02, n))  # one user: every join follows a sleep
     tokens = users * rng.integers(2, 9, n)
-    residual = 1e-3 * users ** 0.5 + 2e-5 * tokens + JOIN_S * joined + LEAVE_S * left + rng.normal(0, 5e-5, n)
+    residual = (1e-3 * users ** 0.5 + 2e-5 * tokens + JOIN_S * joined + LEAVE_S * left + WAKE_S * slept
+                + rng.normal(0, 5e-5, n))
     steps = pd.DataFrame(dict(users=users, batch_tokens=tokens, num_joined=joined, num_left=left,
-                              residual_s=residual))
+                              wait_s=1e-3 * slept, residual_s=residual))
     fit = churn_fit(steps, (1, 2, 4))
     assert fit.join_s == pytest.approx(JOIN_S, abs=1e-5) and fit.leave_s == pytest.approx(LEAVE_S, abs=1e-5)
+    assert fit.wake_s == pytest.approx(WAKE_S, abs=2e-5)
     assert fit.per_batch_token_s == pytest.approx(2e-5, rel=0.02)
     np.testing.assert_allclose(fit.per_request_s, 1e-3 * np.array([1, 2, 4]) ** 0.5, atol=1e-5)
     # a negative estimate is noise, not work that makes a step faster: that column is dropped and the rest refitted
@@ -109,13 +116,13 @@ def test_the_probe_fit_recovers_join_and_leave_costs() -> None:
 
 
 def test_logged_steps_are_priced_with_their_joins_and_leaves(v2_raw) -> None:
-    churned = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S))
+    churned = profile_from_dict(_with(v2_raw, join_s=JOIN_S, leave_s=LEAVE_S, wake_s=WAKE_S))
     steps = pd.DataFrame(dict(num_requests=[2, 2], batch_tokens=[6, 6], max_verified_tokens=[2, 2],
                               context_tokens=[300, 300], max_context_tokens=[200, 200], num_joined=[1, 0],
-                              num_left=[0, 2]))
+                              num_left=[0, 2], wait_s=[0.004, 0.0]))
     plain = price_parts(steps, profile_from_dict(v2_raw), "dspark", "mtp3", 3)
     priced = price_parts(steps, churned, "dspark", "mtp3", 3)
-    np.testing.assert_allclose(priced["verify_s"] - plain["verify_s"], [JOIN_S, 2 * LEAVE_S], rtol=1e-12)
+    np.testing.assert_allclose(priced["verify_s"] - plain["verify_s"], [JOIN_S + WAKE_S, 2 * LEAVE_S], rtol=1e-12)
     # a steps table logged before the loop counted joins and leaves: priced without them, as recorded
     older = price_parts(steps.drop(columns=["num_joined", "num_left"]), churned, "dspark", "mtp3", 3)
     np.testing.assert_allclose(older["verify_s"], plain["verify_s"], rtol=1e-12)
@@ -125,10 +132,10 @@ def test_the_loop_costs_write_them_into_version2_profiles_only(default_profile, 
     costs = LoopCosts(num_requests=(1, 4), draft_tokens=(1, 7), draft_factor=((1.0, 1.0), (1.0, 1.0)),
                       extra_per_request_s=(0.0, 0.0), extra_per_batch_token_s=0.0, prefill_factor=1.0,
                       host_fixed_s=0.0, host_per_request_s=0.0, host_per_verified_token_s=0.0, num_steps=10,
-                      join_s=JOIN_S, leave_s=LEAVE_S)
+                      join_s=JOIN_S, leave_s=LEAVE_S, wake_s=WAKE_S)
     folded = profile_from_dict(costs.fold(v2_raw))
-    assert folded.churn_s(1, 1) == pytest.approx(JOIN_S + LEAVE_S)
-    assert "verify.join_s, verify.leave_s" in folded.metadata["loop_costs"]["folded"]
+    assert folded.churn_s(1, 1, woke=True) == pytest.approx(JOIN_S + LEAVE_S + WAKE_S)
+    assert "verify.join_s, leave_s, wake_s" in folded.metadata["loop_costs"]["folded"]
     # version 1 has no such fields (the probe fits them only for version 2): refused, never dropped
-    with pytest.raises(ValueError, match="join_s and leave_s need a version-2 profile"):
+    with pytest.raises(ValueError, match="join_s, leave_s and wake_s need a version-2 profile"):
         costs.fold(default_profile.raw)

@@ -128,6 +128,7 @@ class LoopCosts:
     # the step's work per request that joined the batch before it and per request it finished (version 2 only)
     join_s: float = 0.0
     leave_s: float = 0.0
+    wake_s: float = 0.0  # the first step after the loop slept (version 2 only)
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -144,8 +145,9 @@ class LoopCosts:
         # c: host work per verified token. Version 2 has a field for it that the engine charges on decode tokens
         # alone; in the dense table (version 1) it would also be charged on co-located prefill chunks' tokens.
         per_decode_token = profile.get("version", 1) >= 2
-        if not per_decode_token and (self.join_s or self.leave_s):
-            raise ValueError("join_s and leave_s need a version-2 profile (verify.join_s, verify.leave_s)")
+        churn = {"join_s": self.join_s, "leave_s": self.leave_s, "wake_s": self.wake_s}
+        if not per_decode_token and any(churn.values()):
+            raise ValueError("join_s, leave_s and wake_s need a version-2 profile (verify.join_s, ...)")
         step_s = 1.0 / np.array(verify["steps_per_s"])
         if not per_decode_token:
             step_s = step_s + self.extra_per_batch_token_s * tokens
@@ -161,11 +163,11 @@ class LoopCosts:
                                         + ("verify.decode_token_s += extra_per_batch_token_s (charged per decode "
                                            "token, none per prefill-chunk token)" if per_decode_token else
                                            "1/SPS(B) += extra_per_batch_token_s * B")
-                                        + ("; verify.join_s, verify.leave_s = join_s, leave_s" if per_decode_token
-                                           else "")
+                                        + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s"
+                                           if per_decode_token else "")
                                         + "; per_request(R) += extra_per_request_s(R) (clipped at 0)"}
         out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s,
-                          **({"join_s": self.join_s, "leave_s": self.leave_s} if self.join_s or self.leave_s else {})}
+                          **({k: v for k, v in churn.items() if v})}
                          if per_decode_token else {**verify, "steps_per_s": (1.0 / step_s).tolist()})
         out["per_request"] = {"num_requests": per_request["num_requests"],
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
@@ -250,7 +252,7 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
     return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factor,
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
-                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s)
+                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s, line.wake_s)
 
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:

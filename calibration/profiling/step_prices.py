@@ -82,13 +82,14 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
       attention over its computed-before context (``chunks``: the run's chunks table, whose ``step`` are labels of
       ``steps``'s index; needed when a step has prefill tokens);
     * the work for the requests that joined the batch before the step and those it finished (``verify.join_s``,
-      ``verify.leave_s``), in the target's part, from the columns ``num_joined`` and ``num_left`` where the table
-      has them.
+      ``verify.leave_s``) and for waking after a sleep (``verify.wake_s``, a step with ``wait_s`` > 0), in the
+      target's part, from the columns ``num_joined`` and ``num_left`` where the table has them.
     """
     by_step = _chunks_by_step(steps, chunks)
     out = np.zeros((len(steps), len(PARTS)))
     if "num_joined" in steps:  # the engine's churn work (steps logged before the loop counted it: none priced)
-        out[:, 2] = [profile.churn_s(j, n) for j, n in zip(steps["num_joined"], steps["num_left"], strict=True)]
+        out[:, 2] = [profile.churn_s(j, n, w > 0) for j, n, w in zip(steps["num_joined"], steps["num_left"],
+                                                                     steps["wait_s"], strict=True)]
     for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
             steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
             steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),

@@ -267,7 +267,9 @@ def loop_costs_line(profile: HardwareProfile) -> str:
                                                                    strict=False))
     return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) {factors}; "
             f"step residual {extras} + {1e6 * loop.get('extra_per_batch_token_s', float('nan')):.1f} us/"
-            f"{'decode' if profile.version >= 2 else 'batch'} token; "
+            f"{'decode' if profile.version >= 2 else 'batch'} token + "
+            f"{1e3 * loop.get('join_s', 0.0):.3f}/{1e3 * loop.get('leave_s', 0.0):.3f} ms per request joining/"
+            f"leaving + {1e3 * loop.get('wake_s', 0.0):.3f} ms per step after idle; "
             f"prefill x{loop.get('prefill_factor', float('nan')):.3f}; of which host "
             f"{1e3 * loop.get('host_fixed_s', float('nan')):.3f} ms/step + "
             f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "

@@ -14,6 +14,7 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
                                                     fixed_s + per_request_s * R (prefill.mixed_step)
     + join_s * J + leave_s * L                      J requests joined the batch since the previous step (this is
                                                     their first), L finish in this one: the engine's bookkeeping
+    + wake_s                                        the first step after the engine sat idle
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
 tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
@@ -83,6 +84,7 @@ class HardwareProfile:
     decode_token_s: float = 0.0  # seconds per decode (verification) token of a step, none per prefill-chunk token
     join_s: float = 0.0  # seconds a step spends per request that joined the batch since the previous step
     leave_s: float = 0.0  # seconds a step spends per request it finishes
+    wake_s: float = 0.0  # seconds the first step after the engine sat idle spends beyond its parts
     mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
@@ -173,10 +175,10 @@ class HardwareProfile:
             return 0.0
         return self.mixed_step[0] + self.mixed_step[1] * num_requests
 
-    def churn_s(self, num_joined: int, num_left: int) -> float:
-        """The engine's work for requests joining the batch before a step and finishing in it (``verify.join_s``,
-        ``verify.leave_s``; 0 without them)."""
-        return self.join_s * num_joined + self.leave_s * num_left
+    def churn_s(self, num_joined: int, num_left: int, woke: bool = False) -> float:
+        """The engine's work for requests joining the batch before a step and finishing in it, and for waking from
+        idle before it (``verify.join_s``, ``verify.leave_s``, ``verify.wake_s``; 0 without them)."""
+        return self.join_s * num_joined + self.leave_s * num_left + (self.wake_s if woke else 0.0)
 
     def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray) -> float:
         """Attention of prefill chunks: ``chunk_tokens[i]`` new prompt tokens over ``context_tokens[i]`` computed
