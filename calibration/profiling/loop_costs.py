@@ -27,7 +27,9 @@ would leave out):
   isolated ``1 / SPS(B) + per_request(R)`` with the step's query padding
   (+ the attention table at the step's contexts, version 2) - host work and the
   forward passes' in-loop excess - fitted as ``a_R + c B`` (one intercept per R,
-  one slope) by least squares over every step;
+  one slope), for a version-2 profile ``+ join_s J + leave_s L + wake_s W`` (the step's
+  joined and finished requests, 1 after a sleep), by least squares over every step
+  (:func:`calibration.profiling.residual_fit.churn_fit`);
 * ``prefill_factor``: in-loop prefill seconds / the profile's ``prefill_s``, summed;
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
@@ -40,7 +42,8 @@ by ``prefill_factor``, ``per_request(R) += a_R`` and c, the host work per verifi
 token: into ``verify.decode_token_s`` of a version-2 profile, which the engine
 charges on a step's decode tokens only (a prefill chunk's tokens get no softmax
 rows or rejection sampling), as ``1/SPS(B) += c B`` into the dense table of a
-version-1 profile (no such field: every batch token pays, chunk tokens too). The
+version-1 profile (no such field: every batch token pays, chunk tokens too); the
+churn terms into ``verify.join_s``, ``leave_s`` and ``wake_s`` (version 2 only). The
 isolated tables stay in ``metadata.forward_only``; ``metadata.loop_costs.folded``
 says which form was used.
 
