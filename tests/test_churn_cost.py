@@ -3,9 +3,9 @@
 
 A real loop moves a request's caches into the batch when it joins and takes them out when it finishes; that work
 lands in the first and the last step of every request. The first step after the loop sat idle runs slower too
-(caches and clocks have gone cold). The fields are read and checked like every version-2
-number, the engine charges them in exactly those steps (the steps and everything else stay as they were), the loop
-probe fits them beside its per-R line, and the real loop's logged steps are priced with them.
+(caches and clocks have gone cold). The fields are read and checked like every version-2 number, the engine charges
+them in exactly those steps (the steps and everything else stay as they were), the loop probe fits them beside its
+per-R line, and the real loop's logged steps are priced with them.
 """
 
 from __future__ import annotations
