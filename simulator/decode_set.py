@@ -28,7 +28,7 @@ class DecodeSet:
 
     * ``remaining`` - output tokens a request still has to emit;
     * ``held`` - KV units it holds (tokens when reserving, blocks when paged);
-    * ``num_verified``, ``num_accepted`` - draft tokens verified and accepted (counted to its end) since it
+    * ``num_verified``, ``num_accepted`` - draft tokens verified and accepted (past its end too) since it
       joined or since the counters were last written to the store;
     * ``last_index`` - its output tokens minus one, so that ``decoded_tokens = last_index - remaining``;
     * ``domain_idx``, ``difficulty``, ``prompt_tokens`` - copied from the store when it joins.
@@ -106,19 +106,19 @@ class DecodeSet:
         self.num_decode_steps += count
         self.remaining -= count
 
-    def step_done(self, lengths: np.ndarray | None, good: np.ndarray | None, remaining_after: np.ndarray | None,
+    def step_done(self, lengths: np.ndarray | None, accepted: np.ndarray | None, remaining_after: np.ndarray | None,
                   histograms: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Every request took part in a step: ``lengths`` verified, ``good`` accepted (counted to its end),
-        ``remaining_after`` output tokens still to emit; ``histograms`` (counts by verified and by accepted length,
-        [g + 1] each), when given, count the step's request-steps. None for the first three: a step without draft
-        tokens (each request emits one token)."""
+        """Every request took part in a step: ``lengths`` verified, ``accepted`` the true outcomes (counted up to
+        l_r, past the request's end too), ``remaining_after`` output tokens still to emit; ``histograms`` (counts
+        by verified and by accepted length, [g + 1] each), when given, count the step's request-steps. None for the
+        first three: a step without draft tokens (each request emits one token)."""
         self.num_decode_steps += 1
         if remaining_after is None:
             self.remaining -= 1
             return
-        verified, accepted = (_NO_COUNTS, _NO_COUNTS) if histograms is None else histograms
-        apply_lengths(self.remaining, self.num_verified, self.num_accepted, lengths, good, remaining_after,
-                      verified, accepted, histograms is not None)
+        by_verified, by_accepted = (_NO_COUNTS, _NO_COUNTS) if histograms is None else histograms
+        apply_lengths(self.remaining, self.num_verified, self.num_accepted, lengths, accepted, remaining_after,
+                      by_verified, by_accepted, histograms is not None)
 
 
 def add_counters(store: RequestStore, columns: dict[str, np.ndarray]) -> None:

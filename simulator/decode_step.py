@@ -21,14 +21,16 @@ class DecodeStep(StepPlan):
     request-step emits ``good + 1`` tokens; ``remaining_after`` [R]: the output
     tokens each request still needs afterwards. Both stay None in a step without
     draft tokens, where every request emits one token; ``num_good`` is the sum
-    of ``good``, ``longest`` the longest l_r (-1 until settled). ``ends_request``: some
+    of ``good``, ``num_accepted`` the sum of min(l_r, accepted_r): the draft
+    tokens the verifier accepted, those past a request's end included (what the
+    step log counts, as vLLM does); ``longest`` the longest l_r (-1 until settled). ``ends_request``: some
     request finishes with this step; ``completes_prefill``: some prefill chunk
     completes its request's prefill.
     """
 
     good: np.ndarray | None = None
     remaining_after: np.ndarray | None = None
-    num_good = 0
+    num_good = num_accepted = 0
     longest = -1  # the longest l_r, once settled
     ends_request = completes_prefill = False
     duration_s = end_at = churn_s = 0.0
@@ -54,7 +56,7 @@ class DecodeStep(StepPlan):
             return
         block = np.empty((2, self.num_requests), dtype=np.int64)  # one allocation for both
         good, remaining_after = block[0], block[1]
-        num_verified, self.num_good, self.longest, self.ends_request = settle_lengths(
+        num_verified, self.num_good, self.num_accepted, self.longest, self.ends_request = settle_lengths(
             self.lengths, self.accepted, remaining, good, remaining_after)
         self.num_verified, self.decode_tokens = num_verified, self.num_requests + num_verified
         self.good, self.remaining_after = good, remaining_after
@@ -74,9 +76,10 @@ class LengthCounts:
         self._accepted = np.zeros(draft_tokens + 1, dtype=np.int64)
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def add(self, lengths: np.ndarray, good: np.ndarray) -> None:
-        """A step's lengths [R] and counted accepted tokens [R] (arrays nobody changes afterwards)."""
-        self._pending.append((lengths, good))
+    def add(self, lengths: np.ndarray, accepted: np.ndarray) -> None:
+        """A step's lengths [R] and accepted draft tokens min(l_r, accepted_r) [R] (arrays nobody changes
+        afterwards)."""
+        self._pending.append((lengths, accepted))
         if len(self._pending) >= _BATCH_STEPS:
             self._count()
 

@@ -12,7 +12,8 @@ request whose first chunk fits is admitted, :mod:`simulator.preemption`), spend
 
 of simulated time (:mod:`simulator.costs.profile` says what T_verify holds),
 then give every decoding request min(l_r, accepted_r) + 1 tokens (never more
-than it still needs) and advance the chunks; a request whose prefill completes
+than it still needs; the counters count accepted drafts past a request's end, as
+vLLM does) and advance the chunks; a request whose prefill completes
 emits its first token at the end of that step. State lives in arrays over the
 requests (:mod:`simulator.decode_set`); nothing here loops over requests or tokens in Python.
 
@@ -145,7 +146,7 @@ class DecodeEngine(Preemption):
 
     @property
     def accepted_length_counts(self) -> np.ndarray:
-        """Measured request-steps by accepted draft tokens (counted to the request's end) -> [g + 1]."""
+        """Measured request-steps by accepted draft tokens min(l_r, accepted_r) -> [g + 1]."""
         return self.length_counts.accepted
 
     def submit(self, request_id: int) -> None:
@@ -346,7 +347,6 @@ class DecodeEngine(Preemption):
     def _apply(self, plan: DecodeStep, now: float) -> None:
         """The step has ended at ``now``: tokens, counters, the policy's memory, the step log, finishes, chunks."""
         self.now, decode = now, self.decode
-        emitted_sum = good_sum = 0
         if plan.num_requests:
             measured = now > self.measure_from_s
             if plan.good is None:  # no draft tokens
@@ -354,13 +354,12 @@ class DecodeEngine(Preemption):
                 if measured:
                     self.length_counts.add_without_drafts(plan.num_requests)
             else:
-                decode.step_done(plan.lengths, plan.good, plan.remaining_after,
+                decode.step_done(plan.lengths, plan.accepted, plan.remaining_after,
                                  self.length_counts.histograms if measured else None)
-                good_sum = plan.num_good
-            emitted_sum = good_sum + plan.num_requests
         if plan.decision is not None:
             self.memory = self.memory.after(self.policy, plan.decided_ids, plan.decision)
-        self.steps.record(self.engine_id, plan, now, emitted_sum, good_sum, self.budget)
+        emitted = plan.num_good + plan.num_requests  # num_good, num_accepted: 0 in a step without drafts
+        self.steps.record(self.engine_id, plan, now, emitted, plan.num_accepted, self.budget)
         if plan.ends_request:
             self._finish(decode.take(decode.remaining == 0), now)
         if plan.chunks.size and plan.chunks.any():

@@ -16,7 +16,8 @@ class RequestStore:
     """Columns indexed by request id (0, 1, ...). Times are NaN until they happen.
 
     ``num_verified_tokens`` sums l_r over the request's steps and
-    ``num_accepted_tokens`` the accepted draft tokens (bonus excluded).
+    ``num_accepted_tokens`` the accepted draft tokens (bonus excluded; those accepted
+    past the request's end in its last step too, as vLLM counts them).
     ``user`` is the closed-loop user that sent the request (-1 for open loop).
     With ``track_preemptions`` (paged KV) ``num_preemptions`` counts how often
     the request was preempted and recomputed.

@@ -33,9 +33,13 @@ def test_every_request_finishes_with_exactly_its_output_length(small_spec, polic
     assert req["finished_at"].notna().all()
     # Tokens conserved: first tokens from prefill + decode-step tokens == requested outputs.
     assert len(req) + results.steps["num_emitted_tokens"].sum() == workload.output_tokens.sum()
-    # Each request: one token per step plus its accepted drafts; drafts accepted past its end are not counted.
+    # Each request: one token per step plus its accepted drafts, less those accepted past its end, which are
+    # counted (as vLLM counts them) but never emitted: only its last step can have any, at most gamma (5).
     decoded = req["output_tokens"] - 1
-    assert (req["num_steps"] + req["num_accepted_tokens"] == decoded).all()
+    past_end = req["num_steps"] + req["num_accepted_tokens"] - decoded
+    assert ((past_end >= 0) & (past_end <= 5)).all()
+    if policy not in ("none", "mtp1"):
+        assert (past_end > 0).any()
     assert (req.loc[decoded > 0, "num_steps"] >= 1).all()
     assert (req["num_accepted_tokens"] <= req["num_verified_tokens"]).all()
     assert (req["first_token_at"] >= req["arrival_at"]).all()
@@ -43,16 +47,17 @@ def test_every_request_finishes_with_exactly_its_output_length(small_spec, polic
 
 
 def test_requests_still_decoding_at_the_end_show_their_counters(small_spec):
-    """A run that stops with requests mid-answer writes their steps and tokens so far: every token a step emitted
-    belongs to some request's counters (one per step plus its counted accepted drafts)."""
+    """A run that stops with requests mid-answer writes their steps and tokens so far: every request-step and
+    accepted draft token of the step log belongs to some request's counters."""
     results = simulate(small_spec(make_policy("dspark"), warmup_s=0.0,
                                   traffic=TrafficSpec(arrival="closed", num_users=16, max_output_tokens=4096)))
     req, steps = results.requests, results.steps
     live = req["decode_start_at"].notna() & req["finished_at"].isna()
     assert live.sum() > 5 and (req.loc[live, "num_steps"] > 0).all()
     assert (req["num_accepted_tokens"] <= req["num_verified_tokens"]).all()
-    assert (req["num_steps"] + req["num_accepted_tokens"]).sum() == steps["num_emitted_tokens"].sum()
+    assert req["num_accepted_tokens"].sum() == steps["num_accepted_tokens"].sum()
     assert req["num_steps"].sum() == steps["num_requests"].sum()
+    assert steps["num_emitted_tokens"].sum() <= (steps["num_requests"] + steps["num_accepted_tokens"]).sum()
 
 
 def test_same_seed_same_tables_and_other_seed_differs(small_spec):
