@@ -17,7 +17,7 @@ from calibration.fitting.export import ExportOptions, profiles
 from calibration.fitting.model import DrafterCost
 from calibration.fitting.pipeline import FitConfig, fit_runs
 from calibration.fitting.readers import read_results
-from calibration.fitting.runs import ResultsError, observe
+from calibration.fitting.runs import ResultsError, observe, overshoot_tokens
 from calibration.fitting.synthetic import SyntheticPoint, synthetic_run
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
 from calibration.validation.bench_export import write_benchmark
@@ -87,7 +87,9 @@ def test_vllm_reader_no_speculation_and_metadata_k(tmp_path: Path):
     assert (spec.num_speculative_tokens, spec.acceptance_length, spec.spec_method) == (3, 2.5, "mtp")
     # step = TPOT x tau; R by Little's law over decode: TPOT x (output tok/s - requests/s)
     obs = observe(spec)
-    assert obs.step_s == pytest.approx(0.025) and obs.num_requests == pytest.approx(0.010 * 796)
+    # TPOT x tau, less the last step's overshoot over the 199 tokens after the first
+    assert obs.step_s == pytest.approx(0.025 * 199 / (199 + overshoot_tokens(2.5, 3)))
+    assert obs.num_requests == pytest.approx(0.010 * 796)
     assert obs.batch_tokens == pytest.approx(4 * obs.num_requests)
 
 
@@ -133,7 +135,8 @@ def test_csv_reader(tmp_path: Path):
         "4,mtp,1,100,50,500,7.0,1.8,3.8\n")
     plain, spec = read_results([tmp_path / "r.csv"])
     assert plain.mean_decode_requests == 3.9 and observe(plain).num_requests == 3.9
-    assert observe(spec).step_s == pytest.approx(0.0126) and observe(spec).batch_tokens == pytest.approx(7.6)
+    assert observe(spec).step_s == pytest.approx(0.0126 * 49 / (49 + overshoot_tokens(1.8, 1)))
+    assert observe(spec).batch_tokens == pytest.approx(7.6)
     with pytest.raises(ResultsError, match=r"r\.csv row 2: field 'mean_itl_ms' missing; needed by --step itl"):
         observe(spec, step="itl")
 
@@ -357,7 +360,9 @@ def test_benchmark_export_of_loop_results_reads_back(tmp_path: Path, default_pro
         assert run.acceptance_length == pytest.approx(pooled["mean_acceptance_length"])
         assert run.mean_decode_requests == pytest.approx(pooled["mean_num_requests"])
         assert run.output_tokens_per_s == pytest.approx(pooled["output_tokens_per_s"])
-        assert observe(run).step_s == pytest.approx(pooled["tpot_s"]["mean"] * pooled["mean_acceptance_length"])
+        needed = run.mean_output_tokens - 1
+        assert observe(run).step_s == pytest.approx(pooled["tpot_s"]["mean"] * pooled["mean_acceptance_length"]
+                                                    * needed / (needed + overshoot_tokens(run.acceptance_length, 3)))
 
 
 def test_error_bars_from_a_sweep_table():

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from calibration.fitting.readers import read_results
+from calibration.fitting.runs import overshoot_tokens
 from calibration.validation.heldout import FIT_POLICIES, HELD_OUT_POLICIES, main
 from simulator.costs import load_profile
 
@@ -26,7 +27,7 @@ def test_heldout_command_fits_from_static_runs_and_predicts_the_others(tmp_path)
     bench = read_results([out / "bench" / "runs.csv"])
     assert sorted(r.num_speculative_tokens for r in bench) == [0, 1, 3, 7]
     assert {obs.run.num_speculative_tokens for obs in result.report.observations} == {0, 1, 3}
-    # the default step time is the mean ITL: the fitted runs' step times are the loop's mean step durations
+    # the default step time is the mean ITL: the fitted runs' step times are the gaps between the loop's chunks
     by_k = {r.num_speculative_tokens: r.mean_itl_ms / 1e3 for r in bench}
     for obs in result.report.observations:
         assert obs.step_s == pytest.approx(by_k[obs.run.num_speculative_tokens])
@@ -43,7 +44,10 @@ def test_heldout_command_fits_from_static_runs_and_predicts_the_others(tmp_path)
     # the analysis again from the files alone, with TPOT x tau: its own outputs beside the first
     again = main(["--reanalyse", str(out), "--step", "tpot"])
     assert (out / "heldout_tpot.csv").is_file() and (out / "fitted_profile_tpot.json").is_file()
-    by_tpot = {r.num_speculative_tokens: r.mean_tpot_ms / 1e3 * (r.acceptance_length or 1.0) for r in bench}
+    by_tpot = {r.num_speculative_tokens: r.mean_tpot_ms / 1e3 * (r.acceptance_length or 1.0)
+               * (r.mean_output_tokens - 1) / (r.mean_output_tokens - 1 + overshoot_tokens(r.acceptance_length or 1.0,
+                                                                                         r.num_speculative_tokens))
+               for r in bench}
     for obs in again.report.observations:
         assert obs.step_s == pytest.approx(by_tpot[obs.run.num_speculative_tokens])
     saved = pd.read_csv(out / "heldout.csv")

@@ -42,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="format of every file (default: by extension: .json vllm, .jsonl sglang, .csv csv)")
     p.add_argument("--tpot", default="mean", choices=["mean", "median"], help="TPOT statistic (default: mean)")
     p.add_argument("--step", default="tpot", choices=["tpot", "itl"],
-                   help="mean step time: TPOT x acceptance length (default), or the mean ITL when the server "
-                        "streams one chunk per step")
+                   help="mean step time: TPOT x acceptance length less the tokens a request's last step accepts "
+                        "past its end (default), or the mean ITL when the server streams one chunk per step")
     p.add_argument("--batch", default="littles", choices=["littles", "nominal"],
                    help="decoding requests per step: Little's law over decode, or the nominal concurrency")
     p.add_argument("--knots", type=int, default=12, help="most dense-curve knots over the observed batches")

@@ -63,6 +63,7 @@ class FitReport:
     cliff: Cliff | None
     prior_label: str | None
     notes: list[str] = field(default_factory=list)
+    step: StepEstimate = "tpot"  # what the observations' step times were read from
 
     @property
     def model(self) -> CostModel:
@@ -142,7 +143,7 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     on_null = {r.name for r in identification.ranges if r.on_null_direction}
     ends = [theta for name, theta in identification.alternatives.items() if name.rsplit(".", 1)[0] in on_null]
     central = np.mean(ends, axis=0) if ends else best.theta
-    return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes)
+    return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes, config.step)
 
 
 def config_counts(runs: list[BenchmarkRun]) -> str:

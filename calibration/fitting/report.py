@@ -30,10 +30,15 @@ def _value(name: str, seconds: float) -> str:
     return _time(seconds)
 
 
+# how each --step reads a run's mean step time (calibration.fitting.runs)
+STEP_SOURCES = {"tpot": "TPOT x tokens per step, less the last step's overshoot", "itl": "mean ITL"}
+
+
 def residual_table(report: FitReport) -> str:
     errors = report.central_errors
     predicted = [o.step_s * (1 + e) for o, e in zip(report.observations, errors, strict=True)]
-    lines = ["residuals (model vs measured mean step time = TPOT x tokens per step):",
+    measured = STEP_SOURCES[report.step]
+    lines = [f"residuals (model vs measured mean step time = {measured}):",
              f"  {'run':<34} {'config':<9} {'load':<10} {'R':>7} {'B':>7} {'ctx':>7} {'step':>10} {'model':>10} "
              f"{'error':>7}"]
     for o, p, e in zip(report.observations, predicted, errors, strict=True):

@@ -7,12 +7,14 @@ whatever the file format). :func:`observe` turns a run into a
 * **tokens per step per request** ``tau``: 1 without speculation; with it the mean
   acceptance length (vLLM's ``1 + accepted / drafts``, SGLang's accept length: the
   tokens a request gains per step, bonus included);
-* **mean step time** ``TPOT * tau``: a request gains ``tau`` tokens per engine
-  step, so the time between its tokens is the step time over ``tau``. This
-  overstates the step by the tokens a request cannot keep at its end and by
-  averaging per request (2-7% on our loop's 70-token outputs); a server that
-  streams one chunk per step (vLLM, our loop) measures the step itself as the
-  mean ITL, used with ``step="itl"``;
+* **mean step time** ``TPOT * tau * (n - 1) / (n - 1 + w)``: a request gains
+  ``tau`` tokens per engine step, so the time between its tokens is the step time
+  over ``tau``, except at its end: its last step accepts ``w`` draft tokens past
+  the ``n - 1`` it needed after its first (see :func:`overshoot_tokens`), which
+  ``tau`` counts (vLLM's and SGLang's acceptance lengths do) and TPOT does not.
+  A server that streams one chunk per step (vLLM, our loop) measures the step
+  more directly as the mean ITL, used with ``step="itl"``: every gap between a
+  request's chunks, so a step counts once per request in it;
 * **decode requests per step** ``R``: given (``mean_decode_requests``), or by
   Little's law over the decode phase, ``R = TPOT * (output tok/s - requests/s)``
   (every decoding request emits one token per TPOT; the first token of each
@@ -26,6 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
+from scipy.optimize import brentq
 
 TpotStatistic = Literal["mean", "median"]
 BatchEstimate = Literal["littles", "nominal"]
@@ -108,6 +113,22 @@ def tpot_ms(run: BenchmarkRun, statistic: TpotStatistic) -> float:
     return run.median_tpot_ms
 
 
+def overshoot_tokens(tau: float, k: int) -> float:
+    """Mean draft tokens a request's last step accepts beyond its last token, when each step verifies ``k`` drafts
+    and gains ``tau`` tokens on average (bonus included).
+
+    Each draft is taken to be accepted with one probability ``a`` once the one before it was, so a step gains at
+    least ``j + 1`` tokens with probability ``a**j`` and ``tau = 1 + a + ... + a**k``. The tokens a request still
+    needs end at a random point of its last step's gain; by renewal theory the gain left beyond that point is at
+    least ``j`` with probability ``(a**j + ... + a**k) / tau``, a mean of ``sum_j j a**j / tau``.
+    """
+    if k == 0 or tau <= 1.0:
+        return 0.0
+    powers = np.arange(k + 1)
+    a = 1.0 if tau >= k + 1 else brentq(lambda x: float(np.sum(x ** powers)) - tau, 0.0, 1.0)
+    return float(np.sum(powers * a ** powers) / tau)
+
+
 def decode_requests(run: BenchmarkRun, tpot_s: float, batch: BatchEstimate) -> float:
     """Mean decoding requests per step (see the module docstring)."""
     if run.mean_decode_requests is not None:
@@ -121,6 +142,15 @@ def decode_requests(run: BenchmarkRun, tpot_s: float, batch: BatchEstimate) -> f
     return tpot_s * (run.output_tokens_per_s - first_tokens_per_s)
 
 
+def tpot_step_s(tpot_s: float, tau: float, run: BenchmarkRun) -> float:
+    """The mean step time from TPOT (see the module docstring): ``TPOT * tau`` less the overshoot of the last step."""
+    needed = run.mean_output_tokens - 1  # tokens after the first, which TPOT spreads over
+    if needed <= 0:
+        raise ResultsError(f"{run.where}: mean output of {run.mean_output_tokens:g} tokens leaves no time per output "
+                           "token (needs more than 1)")
+    return tpot_s * tau * needed / (needed + overshoot_tokens(tau, run.num_speculative_tokens))
+
+
 def observe(run: BenchmarkRun, statistic: TpotStatistic = "mean", batch: BatchEstimate = "littles",
             step: StepEstimate = "tpot") -> StepObservation:
     """The step-time observation of one run (see the module docstring); ``step="itl"`` takes the mean ITL as the
@@ -131,6 +161,9 @@ def observe(run: BenchmarkRun, statistic: TpotStatistic = "mean", batch: BatchEs
             raise ResultsError(f"{run.where}: field 'acceptance_length' missing; a speculative run "
                                f"({run.config_label}) needs its mean acceptance length")
         tau = run.acceptance_length
+        if tau > run.num_speculative_tokens + 1:
+            raise ResultsError(f"{run.where}: acceptance length {tau:g} is above k + 1 = "
+                               f"{run.num_speculative_tokens + 1} (a step gains at most its k drafts and the bonus)")
     else:
         tau = 1.0
     num_requests = decode_requests(run, tpot_s, batch)
@@ -141,7 +174,7 @@ def observe(run: BenchmarkRun, statistic: TpotStatistic = "mean", batch: BatchEs
         raise ResultsError(f"{run.where}: field 'mean_itl_ms' missing; needed by --step itl")
     return StepObservation(
         run=run,
-        step_s=tpot_s * tau if step == "tpot" else run.mean_itl_ms / 1e3,  # type: ignore[operator]
+        step_s=tpot_step_s(tpot_s, tau, run) if step == "tpot" else run.mean_itl_ms / 1e3,  # type: ignore[operator]
         num_requests=num_requests,
         batch_tokens=num_requests * (1 + run.num_speculative_tokens),
         context_tokens=run.mean_prompt_tokens + run.mean_output_tokens / 2,

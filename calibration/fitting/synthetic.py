@@ -3,10 +3,12 @@
 A closed-loop run at ``R`` users, every request drafting ``k`` tokens and gaining
 ``tau`` per step, in steady state: the step costs what the simulator's engine
 charges for a uniform batch (``HardwareProfile.verify_s`` + ``attention_s`` +
-``draft_s``), ``TPOT = step / tau`` (times ``1 + noise * N(0, 1)`` when noise is
-asked for), each user finishes a request every ``TPOT * (output - 1)`` seconds
-plus its prefill, and ``TTFT`` is the profile's prefill. These are *synthetic*
-numbers, never measurements::
+``draft_s``), ITL is the step, ``TPOT = step (n - 1 + w) / ((n - 1) tau)`` for
+``n`` output tokens, ``w`` the tokens the last step accepts past the end
+(:func:`calibration.fitting.runs.overshoot_tokens`; both times ``1 + noise *
+N(0, 1)`` when noise is asked for), each user finishes a request every
+``TPOT * (n - 1)`` seconds plus its prefill, and ``TTFT`` is the profile's
+prefill. These are *synthetic* numbers, never measurements::
 
     python -m calibration.fitting.synthetic --profile h200_qwen3-8b_analytic --out calibration/fitting/examples
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fitting.runs import NO_SPECULATION, BenchmarkRun
+from calibration.fitting.runs import NO_SPECULATION, BenchmarkRun, overshoot_tokens
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
 from simulator.costs import HardwareProfile, load_profile
 
@@ -44,11 +46,14 @@ def step_s(profile: HardwareProfile, drafter: str, point: SyntheticPoint) -> flo
 def synthetic_run(profile: HardwareProfile, drafter: str, point: SyntheticPoint, source: str, row: int,
                   noise: float = 0.0, rng: np.random.Generator | None = None) -> BenchmarkRun:
     """One run of ``point`` (see the module docstring); ``rng`` is needed when ``noise > 0``."""
-    tpot_s = step_s(profile, drafter, point) / point.tokens_per_step
+    itl_s = step_s(profile, drafter, point)
     if noise > 0:
         if rng is None:
             raise ValueError("noise > 0 needs an rng")
-        tpot_s *= 1.0 + noise * rng.standard_normal()
+        itl_s *= 1.0 + noise * rng.standard_normal()
+    needed = point.output_tokens - 1
+    overshoot = overshoot_tokens(point.tokens_per_step, point.num_draft_tokens)
+    tpot_s = itl_s * (needed + overshoot) / (needed * point.tokens_per_step)
     ttft_s = float(profile.prefill_s(point.prompt_tokens))
     per_request_s = tpot_s * (point.output_tokens - 1)
     requests_per_s = point.num_users / per_request_s
@@ -59,7 +64,7 @@ def synthetic_run(profile: HardwareProfile, drafter: str, point: SyntheticPoint,
         num_speculative_tokens=point.num_draft_tokens, mean_prompt_tokens=float(point.prompt_tokens),
         mean_output_tokens=float(point.output_tokens), output_tokens_per_s=requests_per_s * point.output_tokens,
         mean_tpot_ms=1e3 * tpot_s, concurrency=float(point.num_users), requests_per_s=requests_per_s,
-        mean_itl_ms=1e3 * tpot_s * point.tokens_per_step, mean_ttft_ms=1e3 * ttft_s,
+        mean_itl_ms=1e3 * itl_s, mean_ttft_ms=1e3 * ttft_s,
         acceptance_length=point.tokens_per_step if spec else None, label=f"synthetic from {profile.label}",
         num_completed=completed, duration_s=completed / requests_per_s)
 

@@ -21,10 +21,11 @@ The path a user takes, tested end to end on our own ground truth:
 
 Writes the validation's outputs plus ``bench/`` (the benchmark files), ``heldout_config.json``,
 ``fitted_profile.json``, ``heldout.csv`` and ``heldout.md``. The analysis (steps 3 and 4) reads only those
-files: ``--reanalyse DIR`` repeats it without serving. The fit's step time is the mean ITL (the loop streams
-one chunk per step, so its ITL is the step; it did better than TPOT x acceptance length in every run in
-``docs/calibration.md``); ``--step tpot`` fits TPOT x acceptance length, as a user with TPOT only would, and
-its outputs end in ``_tpot``.
+files: ``--reanalyse DIR`` repeats it without serving (with the ``bench/`` files as that run wrote them). The
+fit's step time is the mean ITL (the loop streams one chunk per step, so its ITL is the step as each request
+sees it; it did better than TPOT x acceptance length in every run in ``docs/calibration.md``); ``--step tpot``
+fits TPOT x acceptance length less the last step's overshoot, as a user with TPOT only would, and its outputs
+end in ``_tpot``.
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> HeldOut:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--step", default="itl", choices=["itl", "tpot"],
                      help="the fit's step time: the mean ITL (default; the loop streams one chunk per step), or "
-                          "TPOT x acceptance length (what every tool reports); outputs then end in _tpot")
+                          "TPOT x acceptance length less the last step's overshoot (what every tool reports); outputs "
+                          "then end in _tpot")
     own.add_argument("--reanalyse", type=Path, default=None,
                      help="fit and predict again from an earlier run's output directory (no serving)")
     known, rest = own.parse_known_args(argv)
