@@ -11,7 +11,7 @@ whatever the file format). :func:`observe` turns a run into a
   ``tau`` tokens per engine step, so the time between its tokens is the step time
   over ``tau``, except at its end: its last step accepts ``w`` draft tokens past
   the ``n - 1`` it needed after its first (see :func:`overshoot_tokens`), which
-  ``tau`` counts (vLLM's and SGLang's acceptance lengths do) and TPOT does not.
+  ``tau`` counts (vLLM's acceptance length does; SGLang's is taken to) and TPOT does not.
   A server that streams one chunk per step (vLLM, our loop) measures the step
   more directly as the mean ITL, used with ``step="itl"``: every gap between a
   request's chunks, so a step counts once per request in it;
