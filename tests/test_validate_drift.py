@@ -274,6 +274,17 @@ def test_each_round_says_how_many_slices_drifted_so_far_and_warns_when_the_run_i
                                                                                    False)
 
 
+def test_the_unsteady_verdict_waits_for_the_rounds_max_rounds_may_still_add() -> None:
+    """Seven points after three rounds of three: point 1 lost two slices of three, fewer than half kept, and 2 of
+    21 refused is 9.5%. A fourth round that --max-rounds may still add would leave it two of four, half."""
+    users = [1, 1, 1] + [2, 3, 4, 5, 6, 7] * 3
+    probes = _probes([10.0, 11.0, 12.0], [20.0, 20.0, 11.0] + [11.0] * 18, users)
+    line, decided = round_progress(probes, ValidationConfig(rounds=3), 3)
+    assert decided and "a point left with fewer than half its slices" in line
+    line, decided = round_progress(probes, ValidationConfig(rounds=3), 3, most_rounds=4)
+    assert not decided and "already decided" not in line
+
+
 def test_the_unsteady_verdict_waits_for_the_passes_that_could_still_move_the_reference() -> None:
     """Every slice 20-40% faster than the first pass read is no verdict yet: four later passes can put the median
     reference anywhere, and the slices agree with each other. Three passes of five bound it to their range."""

@@ -102,7 +102,8 @@ def least_refused(slice_s: np.ndarray, point_ids: np.ndarray, pass_s: np.ndarray
     return int(refused.sum(axis=1).min()), bool(point_lost.all()), bool(unsteady.all())
 
 
-def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int) -> tuple[str, bool]:
+def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int,
+                   most_rounds: int | None = None) -> tuple[str, bool]:
     """A progress line after a round of a validation, and whether the slices so far already decide a ``MACHINE
     NOT STEADY`` report. The line says how many of the slices served so far drifted beyond ``cfg.drift_tolerance``
     from the profile passes so far (provisional: the final screening measures against every pass), and, once
@@ -110,7 +111,9 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
     can stop early instead of waiting for a table of spoiled points. The verdict is decided when it follows
     whatever the later profile passes read (:func:`least_refused`); ``cfg.stop_when_unsteady`` stops the run
     then. After one pass the reference can still move anywhere, so only slices that disagree with each other
-    decide it."""
+    decide it. ``most_rounds`` (default ``cfg.rounds``): the most rounds the run may still reach (``--max-rounds``
+    can add some); the verdict is decided only if it holds at that many, since every added round adds a pass and a
+    slice to each point."""
     before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
     if not before_s.size or not pass_s.size:
         return f"round {rounds_done}/{cfg.rounds}: no slice served yet", False
@@ -122,10 +125,10 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
             f"(drift {100 * drifts.min():+.0f}% .. {100 * drifts.max():+.0f}%)")
     slices = probes[probes["phase"] == "slice"]
     point_ids = pd.factorize(pd.MultiIndex.from_frame(slices[["policy", "num_users"]]))[0]
-    whole_run = drifts.size // rounds_done * cfg.rounds
+    most = most_rounds if most_rounds is not None else cfg.rounds
+    whole_run = drifts.size // rounds_done * most
     least, point_lost, decided = least_refused(0.5 * (before_s + after_s), point_ids, pass_s,
-                                                1 if cfg.profile is not None else cfg.rounds,
-                                                cfg.drift_tolerance, cfg.rounds)
+                                                1 if cfg.profile is not None else most, cfg.drift_tolerance, most)
     if too_many_refused(beyond, drifts.size) or decided:
         text += (f"; more than {100 * STEADY_MAX_REFUSED_SHARE:g}% refused makes the report MACHINE NOT STEADY: "
                  "the machine is unsteady now" + (", stopping and rerunning on a quiet machine saves the wait"

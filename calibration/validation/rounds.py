@@ -92,7 +92,8 @@ def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str
                                                  partial(serve, spec, serving_models)))
         round_idx += 1
         probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
-        line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx)
+        line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx,
+                                        most_rounds=max(planned, cfg.max_rounds or planned))
         progress(line)
         if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
             raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}",
