@@ -142,13 +142,20 @@ def decode_requests(run: BenchmarkRun, tpot_s: float, batch: BatchEstimate) -> f
     return tpot_s * (run.output_tokens_per_s - first_tokens_per_s)
 
 
+def kept_share(tau: float, k: int, output_tokens: float) -> float:
+    """Of the tokens a request's steps accept after its first token, the share it keeps: ``(n - 1) / (n - 1 + w)``
+    for ``n`` output tokens and the last step's overshoot ``w`` (:func:`overshoot_tokens`). ``TPOT * tau`` times
+    this is the step."""
+    needed = output_tokens - 1  # tokens after the first, which TPOT spreads over
+    return needed / (needed + overshoot_tokens(tau, k))
+
+
 def tpot_step_s(tpot_s: float, tau: float, run: BenchmarkRun) -> float:
     """The mean step time from TPOT (see the module docstring): ``TPOT * tau`` less the overshoot of the last step."""
-    needed = run.mean_output_tokens - 1  # tokens after the first, which TPOT spreads over
-    if needed <= 0:
+    if run.mean_output_tokens <= 1:
         raise ResultsError(f"{run.where}: mean output of {run.mean_output_tokens:g} tokens leaves no time per output "
                            "token (needs more than 1)")
-    return tpot_s * tau * needed / (needed + overshoot_tokens(tau, run.num_speculative_tokens))
+    return tpot_s * tau * kept_share(tau, run.num_speculative_tokens, run.mean_output_tokens)
 
 
 def observe(run: BenchmarkRun, statistic: TpotStatistic = "mean", batch: BatchEstimate = "littles",

@@ -5,7 +5,7 @@ A closed-loop run at ``R`` users, every request drafting ``k`` tokens and gainin
 charges for a uniform batch (``HardwareProfile.verify_s`` + ``attention_s`` +
 ``draft_s``), ITL is the step, ``TPOT = step (n - 1 + w) / ((n - 1) tau)`` for
 ``n`` output tokens, ``w`` the tokens the last step accepts past the end
-(:func:`calibration.fitting.runs.overshoot_tokens`; both times ``1 + noise *
+(:func:`calibration.fitting.runs.kept_share`; both times ``1 + noise *
 N(0, 1)`` when noise is asked for), each user finishes a request every
 ``TPOT * (n - 1)`` seconds plus its prefill, and ``TTFT`` is the profile's
 prefill. These are *synthetic* numbers, never measurements::
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.fitting.runs import NO_SPECULATION, BenchmarkRun, overshoot_tokens
+from calibration.fitting.runs import NO_SPECULATION, BenchmarkRun, kept_share
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
 from simulator.costs import HardwareProfile, load_profile
 
@@ -51,9 +51,8 @@ def synthetic_run(profile: HardwareProfile, drafter: str, point: SyntheticPoint,
         if rng is None:
             raise ValueError("noise > 0 needs an rng")
         itl_s *= 1.0 + noise * rng.standard_normal()
-    needed = point.output_tokens - 1
-    overshoot = overshoot_tokens(point.tokens_per_step, point.num_draft_tokens)
-    tpot_s = itl_s * (needed + overshoot) / (needed * point.tokens_per_step)
+    tpot_s = itl_s / (point.tokens_per_step
+                      * kept_share(point.tokens_per_step, point.num_draft_tokens, point.output_tokens))
     ttft_s = float(profile.prefill_s(point.prompt_tokens))
     per_request_s = tpot_s * (point.output_tokens - 1)
     requests_per_s = point.num_users / per_request_s

@@ -45,7 +45,7 @@ def fixed_draft_tokens(policy: str, gamma: int) -> int | None:
     return made.draft_tokens(gamma) if isinstance(made, Mtp) else None
 
 
-def _window_requests_by_slice(slices: Sequence[Any]) -> list[pd.DataFrame]:
+def _window_requests(slices: Sequence[Any]) -> list[pd.DataFrame]:
     """Each slice's requests that finished inside its window."""
     frames = []
     for part in slices:
@@ -53,11 +53,6 @@ def _window_requests_by_slice(slices: Sequence[Any]) -> list[pd.DataFrame]:
         req = part.requests
         frames.append(req[(req["finished_at"] > start_s) & (req["finished_at"] <= end_s)])
     return frames
-
-
-def _window_requests(slices: Sequence[Any]) -> pd.DataFrame:
-    """Requests that finished inside their slice's window, all slices."""
-    return pd.concat(_window_requests_by_slice(slices), ignore_index=True)
 
 
 def _request_gaps_s(requests: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
@@ -78,11 +73,11 @@ def _request_gaps_s(requests: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
     return np.concatenate([ends[first] - requests["first_token_at"].to_numpy(), later])
 
 
-def _window_itl_ms(slices: Sequence[Any]) -> np.ndarray:
-    """Every chunk gap of the requests that finished inside their slice's window (a request that ended at its first
-    token has none), in ms."""
+def _window_itl_ms(slices: Sequence[Any], finished: Sequence[pd.DataFrame]) -> np.ndarray:
+    """Every chunk gap of ``finished[k]``, slice k's requests that finished inside its window (a request that ended
+    at its first token has none), in ms."""
     gaps = []
-    for part, done in zip(slices, _window_requests_by_slice(slices), strict=True):
+    for part, done in zip(slices, finished, strict=True):
         decoded = done[done["num_steps"] > 0]
         for engine, steps in part.steps.groupby("engine"):
             gaps.append(_request_gaps_s(decoded[decoded["engine"] == engine], steps))
@@ -101,8 +96,9 @@ def real_run(policy: str, users: int, drafter: str, gamma: int, slices: Sequence
     if k is None:
         raise ValueError(f"policy {policy!r} verifies a varying number of tokens: no benchmark record")
     pooled = pooled_summary(slices) if len(slices) > 1 else slices[0].summary
-    done = _window_requests(slices)
-    itl_ms = _window_itl_ms(slices)
+    finished = _window_requests(slices)
+    done = pd.concat(finished, ignore_index=True)
+    itl_ms = _window_itl_ms(slices, finished)
     tpot, ttft = pooled["tpot_s"], pooled["ttft_s"]
     window_s = float(pooled["window_s"])
     return BenchmarkRun(
