@@ -15,11 +15,14 @@ from matplotlib.figure import Figure
 from calibration.fitting.cli import main as fit_main
 from calibration.fitting.export import ExportOptions, profiles
 from calibration.fitting.model import DrafterCost
-from calibration.fitting.pipeline import FitConfig, fit_runs
+from calibration.fitting.pipeline import SEQUENTIAL_DRAFTERS, FitConfig, fit_runs
 from calibration.fitting.readers import read_results
+from calibration.fitting.report import unidentified_words
 from calibration.fitting.runs import ResultsError, observe, overshoot_tokens
 from calibration.fitting.synthetic import SyntheticPoint, synthetic_run
 from calibration.fitting.writers import write_csv, write_sglang, write_vllm
+from calibration.models.presets import BYTE_SHAPE
+from calibration.models.shapes import default_drafters
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.report import ARRIVAL_FIGURES, pooled_summary
 from experiments.intervals import draw_intervals, with_intervals
@@ -287,6 +290,42 @@ def test_the_curve_beyond_the_largest_batch_run_ranges_from_flat_to_proportional
     values = report.model.dense_values(flat)
     assert values[knots > 32] == pytest.approx(np.full(len(beyond), at_32))
     assert values[knots <= 32] == pytest.approx(report.model.dense_values(report.fit.theta)[knots <= 32])
+
+
+def test_the_drafter_beyond_the_largest_draft_length_run_ranges_from_flat_to_linear():
+    """Runs at k = 1 and 3: the central profile carries the drafter's per-position cost on to k = 8 (the known
+    drafter is linear, so it is exact there), and one alternative keeps it flat beyond k = 3. That alternative
+    prices every fitted run as the central fit does and appears in the report and the profile."""
+    report = fit_runs(known_runs(), FitConfig(max_batch_tokens=32 * 9))
+    assert report.draft_tokens_fitted == 3
+    flat = report.alternatives["draft_beyond_data.flat"]
+    assert flat.draft_cap == 3 and flat.theta is report.central
+    obs = report.fit.problem.obs
+    same = [report.model.predict_s(report.central, obs.num_requests, obs.batch_tokens, obs.context_tokens,
+                                   obs.draft_tokens, draft_cap=cap) for cap in (None, flat.draft_cap)]
+    np.testing.assert_allclose(same[0], same[1], rtol=1e-12)
+    data = profiles(report, ExportOptions(device="test", model="known", created="2025-01-01", max_requests=64,
+                                          max_draft_tokens=8))
+    central = profile_from_dict(data, "<fitted>")
+    alternative = profile_from_dict(data["metadata"]["fit"]["alternatives"]["draft_beyond_data.flat"], "<flat>")
+    for r in (1, 16):
+        for k in (1, 3):
+            assert alternative.draft_s("mtp", r, k) == pytest.approx(central.draft_s("mtp", r, k))
+        assert alternative.draft_s("mtp", r, 8) == pytest.approx(alternative.draft_s("mtp", r, 3))
+        assert central.draft_s("mtp", r, 8) > alternative.draft_s("mtp", r, 3) + 4 * DRAFT_PER_POSITION_S
+    assert central.draft_s("mtp", 1, 8) == pytest.approx(DRAFT_FIXED_S + 8 * DRAFT_PER_POSITION_S, rel=0.03)
+    assert "draft_beyond_data.flat" in unidentified_words(report)
+    # a profile that stops at the fitted draft length has nothing to carry: no such alternative
+    upto3 = profiles(report, ExportOptions(device="test", model="known", created="2025-01-01", max_requests=64,
+                                           max_draft_tokens=3))
+    assert "draft_beyond_data.flat" not in upto3["metadata"]["fit"]["alternatives"]
+    # a drafter named sequential pays per position: carrying its cost on linearly is not a guess
+    assert fit_runs(known_runs(), FitConfig(drafter_kind="mtp")).draft_tokens_fitted is None
+
+
+def test_sequential_drafters_are_the_shapes_that_are_not_parallel():
+    shapes = default_drafters(BYTE_SHAPE)
+    assert set(SEQUENTIAL_DRAFTERS) == {kind for kind, shape in shapes.items() if not shape.parallel}
 
 
 # ---------------------------------------------------------------- the command and the interval downstream

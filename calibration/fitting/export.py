@@ -79,15 +79,18 @@ def estimate_prefill(observations: list[StepObservation]) -> tuple[float, float,
     return fixed_s, 1.0 / per_token_s, f"TTFT of the least loaded run at {prompts.size} prompt lengths"
 
 
-def _draft_block(model: CostModel, theta: np.ndarray, opts: ExportOptions) -> tuple[dict[str, Any], bool]:
-    """``draft`` (empty without a drafter cost) and whether the 1 ns floor was applied."""
+def _draft_block(model: CostModel, theta: np.ndarray, opts: ExportOptions,
+                 draft_cap: float | None = None) -> tuple[dict[str, Any], bool]:
+    """``draft`` (empty without a drafter cost) and whether the 1 ns floor was applied; with ``draft_cap`` the
+    fitted drafter's cost stays flat beyond that draft length."""
     if not model.fit_drafter and model.known_drafter is None:
         return {}, False
     reqs = np.array([1.0, float(opts.max_requests)])
     gammas = np.arange(1, opts.max_draft_tokens + 1, dtype=np.float64)
     r, g = np.meshgrid(reqs, gammas, indexing="ij")
-    latency = (model.value(theta, "draft_fixed_s") + model.value(theta, "draft_per_position_s") * g
-               + model.value(theta, "draft_per_token_s") * r * g
+    priced = g if draft_cap is None else np.minimum(g, draft_cap)
+    latency = (model.value(theta, "draft_fixed_s") + model.value(theta, "draft_per_position_s") * priced
+               + model.value(theta, "draft_per_token_s") * r * priced
                + model.known_s(r.ravel(), np.zeros(r.size), g.ravel()).reshape(r.shape))
     floored = bool(np.any(latency < MIN_DRAFT_S))
     latency = np.maximum(latency, MIN_DRAFT_S)
@@ -107,10 +110,10 @@ def _attention_block(model: CostModel, theta: np.ndarray, opts: ExportOptions) -
 
 
 def profile_dict(model: CostModel, theta: np.ndarray, opts: ExportOptions, prefill: tuple[float, float],
-                 metadata_extra: dict[str, Any]) -> dict[str, Any]:
-    """One profile (version 2) from one parameter vector."""
+                 metadata_extra: dict[str, Any], draft_cap: float | None = None) -> dict[str, Any]:
+    """One profile (version 2) from one parameter vector (the drafter flat beyond ``draft_cap``, when given)."""
     per_request = model.value(theta, "per_request_s")
-    draft, floored = _draft_block(model, theta, opts)
+    draft, floored = _draft_block(model, theta, opts, draft_cap)
     metadata = {"source": "fitted", "device": opts.device, "model": opts.model, "created": opts.created,
                 "tool": TOOL, **metadata_extra}
     if floored:
@@ -173,8 +176,9 @@ def profiles(report: FitReport, opts: ExportOptions) -> dict[str, Any]:
         prefill = (fixed_s, tokens_per_s)
     meta = fit_metadata(report, how)
     meta["alternatives"] = {
-        name: profile_dict(report.model, theta, opts, prefill, {"fit": {"alternative": name}})
-        for name, theta in report.identification.alternatives.items()}
+        name: profile_dict(report.model, alt.theta, opts, prefill, {"fit": {"alternative": name}}, alt.draft_cap)
+        for name, alt in report.alternatives.items()
+        if alt.draft_cap is None or opts.max_draft_tokens > alt.draft_cap}  # else the central profile again
     for name, alternative in meta["alternatives"].items():
         profile_from_dict(alternative, f"<fitted alternative {name}>")  # never write what the simulator refuses
     central = profile_dict(report.model, report.central, opts, prefill, {"fit": meta})

@@ -133,10 +133,12 @@ class CostModel:
         return out
 
     def design(self, num_requests: np.ndarray, batch_tokens: np.ndarray, context_tokens: np.ndarray,
-               draft_tokens: np.ndarray) -> np.ndarray:
-        """[N, P] columns of the model at the given step shapes (units: seconds per parameter unit)."""
+               draft_tokens: np.ndarray, draft_cap: float | None = None) -> np.ndarray:
+        """[N, P] columns of the model at the given step shapes (units: seconds per parameter unit). With
+        ``draft_cap`` the fitted drafter prices ``min(k, draft_cap)`` positions: flat beyond that draft length."""
         r = np.asarray(num_requests, dtype=np.float64)
         k = np.asarray(draft_tokens, dtype=np.float64)
+        k_priced = k if draft_cap is None else np.minimum(k, draft_cap)
         hats = self.hats(batch_tokens)
         cols = [np.cumsum(hats[:, ::-1], axis=1)[:, ::-1], r[:, None]]  # dense: value at knot j = sum of rises <= j
         if self.fit_attention:
@@ -144,7 +146,7 @@ class CostModel:
         if self.max_captured_tokens is not None:
             cols.append((np.asarray(batch_tokens) > self.max_captured_tokens).astype(np.float64)[:, None])
         if self.fit_drafter:
-            cols += [(k > 0).astype(np.float64)[:, None], k[:, None], (r * k)[:, None]]
+            cols += [(k > 0).astype(np.float64)[:, None], k_priced[:, None], (r * k_priced)[:, None]]
         return np.hstack(cols)
 
     def known_s(self, num_requests: np.ndarray, context_tokens: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
@@ -158,8 +160,8 @@ class CostModel:
         return known
 
     def predict_s(self, theta: np.ndarray, num_requests: np.ndarray, batch_tokens: np.ndarray,
-                  context_tokens: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
-        return (self.design(num_requests, batch_tokens, context_tokens, draft_tokens) @ theta
+                  context_tokens: np.ndarray, draft_tokens: np.ndarray, draft_cap: float | None = None) -> np.ndarray:
+        return (self.design(num_requests, batch_tokens, context_tokens, draft_tokens, draft_cap) @ theta
                 + self.known_s(num_requests, context_tokens, draft_tokens))
 
 

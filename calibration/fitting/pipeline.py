@@ -40,7 +40,7 @@ class FitConfig:
     drafter_cost: DrafterCost | None = None  # a known drafter cost instead of a fitted one
     prior: tuple[str, str] | None = None  # (model, gpu) of the roofline prior
     prior_std: float = 0.3
-    drafter_kind: str | None = None  # the drafter the roofline prior prices
+    drafter_kind: str | None = None  # the drafter the roofline prior prices; a sequential one extrapolates in k
     noise: float = 0.01
     smoothness: float = 0.05
 
@@ -51,6 +51,22 @@ class FitConfig:
             raise ValueError("noise, smoothness and prior_std must be > 0")
         if self.max_captured_tokens is not None and self.detect_cliff:
             raise ValueError("state the cliff (max_captured_tokens) or detect it, not both")
+
+
+# The alternative with the fitted drafter flat beyond the largest draft length any run used
+DRAFT_BEYOND_DATA = "draft_beyond_data.flat"
+# Drafters that run one pass per drafted position (``parallel=False`` in calibration.models.shapes): their cost
+# grows linearly in k, so carrying the fitted per-position cost on beyond the runs is their physics, not a guess
+SEQUENTIAL_DRAFTERS = ("eagle3", "mtp")
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One fit that explains the runs as well as the central one: its parameters and, for
+    :data:`DRAFT_BEYOND_DATA`, the draft length beyond which its drafter costs no more."""
+
+    theta: np.ndarray
+    draft_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,10 +80,22 @@ class FitReport:
     prior_label: str | None
     notes: list[str] = field(default_factory=list)
     step: StepEstimate = "tpot"  # what the observations' step times were read from
+    # the largest draft length a run used, when the drafter is fitted and not known to be sequential
+    draft_tokens_fitted: int | None = None
 
     @property
     def model(self) -> CostModel:
         return self.fit.model
+
+    @property
+    def alternatives(self) -> dict[str, Alternative]:
+        """The identification's alternatives and, when the drafter is fitted, the central fit with its drafter
+        flat beyond the largest draft length a run used (the cheap end of carrying it there; the central fit
+        carries it on linearly, the dear end)."""
+        out = {name: Alternative(theta) for name, theta in self.identification.alternatives.items()}
+        if self.draft_tokens_fitted is not None:
+            out[DRAFT_BEYOND_DATA] = Alternative(self.central, float(self.draft_tokens_fitted))
+        return out
 
     @property
     def central_errors(self) -> np.ndarray:
@@ -143,7 +171,11 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     on_null = {r.name for r in identification.ranges if r.on_null_direction}
     ends = [theta for name, theta in identification.alternatives.items() if name.rsplit(".", 1)[0] in on_null]
     central = np.mean(ends, axis=0) if ends else best.theta
-    return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes, config.step)
+    draft_tokens_fitted = None
+    if fit_drafter and config.drafter_kind not in SEQUENTIAL_DRAFTERS:
+        draft_tokens_fitted = max(r.num_speculative_tokens for r in runs if r.speculative)
+    return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes, config.step,
+                     draft_tokens_fitted)
 
 
 def config_counts(runs: list[BenchmarkRun]) -> str:

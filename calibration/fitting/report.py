@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from calibration.fitting.identify import ParameterRange
-from calibration.fitting.pipeline import FitReport, config_counts
+from calibration.fitting.pipeline import DRAFT_BEYOND_DATA, FitReport, config_counts
 from calibration.fitting.runs import StepObservation
 
 
@@ -85,12 +85,21 @@ def _split_words(ranges: dict[str, ParameterRange], direction: dict[str, float])
     return "a mix of " + ", ".join(sorted(names))
 
 
+def _draft_beyond_lines(report: FitReport) -> list[str]:
+    if report.draft_tokens_fitted is None:
+        return []
+    return [f"  - beyond the largest draft length any run used (k={report.draft_tokens_fitted}) the drafter's cost per "
+            "position is carried on linearly (as a sequential drafter pays it); a parallel drafter may cost almost "
+            f"nothing more there, so {DRAFT_BEYOND_DATA} carries it flat (the cheap end; --drafter-kind eagle3 or "
+            "mtp says the drafter is sequential)"]
+
+
 def unidentified_words(report: FitReport) -> str:
     ident = report.identification
     ranges = {r.name: r for r in ident.ranges}
     loose = [r for r in ident.ranges if r.status in ("not identified", "poorly identified")]
     if not loose and not ident.null_directions:
-        return "every parameter the runs touch is identified."
+        return "\n".join(["every parameter the runs touch is identified.", *_draft_beyond_lines(report)])
     lines = ["what the runs cannot pin down:"]
     for direction in ident.null_directions:
         lines.append(f"  - {_split_words(ranges, direction)}")
@@ -109,7 +118,8 @@ def unidentified_words(report: FitReport) -> str:
     if beyond:
         lines.append(f"  - beyond the largest batch any run reaches ({beyond[0].name} and up): the curve may stay flat "
                      "or grow up to in proportion to the batch; both ends are carried forward")
-    alternatives = list(ident.alternatives)
+    lines += _draft_beyond_lines(report)
+    alternatives = list(report.alternatives)
     if alternatives:
         lines.append(f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
                      "experiments.run simulates them too and reports *_low / *_high")
@@ -134,8 +144,8 @@ def check_table(report: FitReport, observations: list[StepObservation]) -> str:
     model = report.model
     arrays = [np.array([getattr(o, k) for o in observations], dtype=np.float64)
               for k in ("num_requests", "batch_tokens", "context_tokens", "num_draft_tokens")]
-    thetas = [report.central, *report.identification.alternatives.values()]
-    predicted = np.array([model.predict_s(theta, *arrays) for theta in thetas])  # [fits, runs]
+    fits = [(report.central, None)] + [(a.theta, a.draft_cap) for a in report.alternatives.values()]
+    predicted = np.array([model.predict_s(theta, *arrays, draft_cap=cap) for theta, cap in fits])  # [fits, runs]
     lines = ["held-out runs (not fitted): time per token (step time / tokens per step) predicted at the run's own "
              "batch and acceptance length",
              f"  {'run':<34} {'config':<9} {'load':<10} {'measured':>10} {'predicted [interval]':>32} {'error':>7}"]
@@ -146,7 +156,7 @@ def check_table(report: FitReport, observations: list[StepObservation]) -> str:
                                                               predicted[:, i].max()))
         error = central / tpot - 1
         errors.append(error)
-        covered = " (covered)" if low <= tpot <= high and len(thetas) > 1 else ""
+        covered = " (covered)" if low <= tpot <= high and len(fits) > 1 else ""
         where = f"{o.run.source.split('/')[-1]}:{o.run.row}"
         interval = f"{_time(central)} [{_time(low)}, {_time(high)}]"
         lines.append(f"  {where:<34} {o.run.config_label:<9} {o.run.load_label:<10} {_time(tpot):>10} "
