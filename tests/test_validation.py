@@ -26,7 +26,7 @@ from calibration.profiling.decision_cost import measure_scheduler
 from calibration.profiling.step_prices import step_cost_ratio
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
-from calibration.serving.specdec import ContextCost, prefill_groups
+from calibration.serving.specdec import ContextCost, PrefillChunk, prefill_groups
 from calibration.validation.recombine import log_sample_spread, read_config
 from calibration.validation.recombine import main as recombine_main
 from calibration.validation.report import TARGET_METRICS
@@ -266,6 +266,28 @@ def test_live_batch_keeps_requests_with_their_slots(verifier: Verifier) -> None:
     assert batch.decoder.cache.lengths[2:].tolist() == [0, 0]
     record, timing = batch.step(rng, torch.Generator().manual_seed(1))
     assert record.lengths.tolist() == [2, 2] and timing.total_s >= timing.draft_s + timing.verify_s
+
+
+def test_a_policy_that_drafts_nothing_runs_no_drafter(verifier: Verifier, monkeypatch) -> None:
+    """Without speculation the loop is an engine without a drafter: prefill, join, steps, leaving and chunked
+    prefill never touch the drafter, and the steps report no drafter time."""
+    drafter = build_drafter("dspark", verifier, torch.Generator().manual_seed(2), num_layers=1)
+    for method in ("extend_context", "propose", "staged_context", "load_slot", "move_slot", "clear_slots",
+                   "slot_context", "new_cache"):
+        monkeypatch.setattr(drafter, method, lambda *a, _m=method, **k: pytest.fail(f"the drafter's {_m} ran"))
+    batch = LiveBatch(verifier, drafter, make_policy("none"), FALLING_COST, 3, max_requests=3,
+                      max_tokens_per_request=40, prefill_slots=1)
+    rng = np.random.default_rng(0)
+    for rid, n in enumerate((3, 5, 7)):
+        batch.join(rid, batch.prefill(rng.integers(0, VOCAB, n).tolist(), rng))
+    record, timing = batch.step(rng, torch.Generator().manual_seed(0))
+    assert record.lengths.tolist() == [0, 0, 0] and timing.draft_s == 0.0
+    batch.leave([1])
+    slot = batch.open_prefill()
+    firsts, _ = batch.chunk_step([PrefillChunk(slot, rng.integers(0, VOCAB, 4).tolist(), last=True)], rng)
+    batch.join(7, batch.close_prefill(slot, firsts[0]))
+    record, timing = batch.step(rng, torch.Generator().manual_seed(1))
+    assert len(record.emitted) == 3 and timing.draft_s == 0.0
 
 
 def test_bad_input_is_refused_with_a_clear_message() -> None:

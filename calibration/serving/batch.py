@@ -34,7 +34,15 @@ import torch
 
 from calibration.models.drafters import Drafter, SlotContext, softmax_t
 from calibration.models.model import Verifier
-from calibration.serving.specdec import ChunkFill, ContextCost, PrefillChunk, SpeculativeDecoder, StepRecord
+from calibration.serving.specdec import (
+    ChunkFill,
+    ContextCost,
+    IdleDrafter,
+    PrefillChunk,
+    SpeculativeDecoder,
+    StepRecord,
+    working_drafter,
+)
 from policies.base import Policy
 from policies.driver import CostSource
 from policies.lossless.sampler import sample_token
@@ -91,7 +99,7 @@ class Prefilled:
     first_token: int
     verifier_k: torch.Tensor  # [layers, Hkv, n, d]
     verifier_v: torch.Tensor
-    drafter: SlotContext  # the drafter's context rows and the feature of the last prompt token
+    drafter: SlotContext | None  # the drafter's context rows and the last prompt token's feature (None: no drafter)
 
 
 @dataclass(frozen=True)
@@ -120,13 +128,14 @@ class LiveBatch:
                              f"{max_tokens_per_request}")
         self.timer = timer  # what the step's parts are timed with (wall clock, or the loop's CPU clock)
         self.watches = {name: Stopwatch(timer) for name in TIMED_PARTS}
-        self.verifier, self.drafter, self.temperature = verifier, drafter, temperature
+        self.verifier, self.temperature = verifier, temperature
+        self.drafter: Drafter | IdleDrafter = working_drafter(drafter, policy, gamma)  # none runs no drafter
         self.max_requests = max_requests
         # The cache holds the prompt, the output and one step's unverified tail (anchor + gamma drafts).
         self.max_tokens = max_tokens_per_request + gamma + 1
         self.decoder = SpeculativeDecoder(
             _Timed(verifier, self.watches["verify"], ["__call__"]),
-            _Timed(drafter, self.watches["draft"], ["propose", "extend_context"]),
+            _Timed(self.drafter, self.watches["draft"], ["propose", "extend_context"]),
             _Timed(policy, self.watches["sched"], ["decide"]), cost, gamma, temperature)
         # Slots max_requests.. hold prompts being prefilled in chunks (co-located prefill), until they join.
         self.decoder.attach(max_requests + prefill_slots, self.max_tokens)
