@@ -159,3 +159,41 @@ def test_loop_costs_fold_c_into_the_dense_table_of_a_version1_profile(default_pr
     np.testing.assert_allclose(1.0 / np.array(folded["verify"]["steps_per_s"]), 1.0 / sps + DECODE_TOKEN_S * tokens,
                                rtol=1e-12)
     assert "1/SPS(B) += extra_per_batch_token_s * B" in folded["metadata"]["loop_costs"]["folded"]
+
+
+# ------------------------------------------------------------------ per verified draft token (verify.draft_token_s)
+
+
+def _with_draft_field(raw: dict, value: float = DECODE_TOKEN_S) -> dict:
+    data = copy.deepcopy(raw)
+    data["verify"]["draft_token_s"] = value
+    return data
+
+
+def test_the_draft_token_field_round_trips_and_needs_version2(default_profile, v2_raw):
+    profile = profile_from_dict(_with_draft_field(v2_raw))
+    assert profile.draft_token_s == DECODE_TOKEN_S and profile_from_dict(v2_raw).draft_token_s == 0.0
+    assert profile_from_dict(profile_to_dict(profile)).draft_token_s == DECODE_TOKEN_S
+    with pytest.raises(ProfileError, match=r"x\.json: field 'verify\.draft_token_s' needs version 2"):
+        profile_from_dict(_with_draft_field(default_profile.raw), "x.json")
+
+
+@pytest.mark.parametrize(("lengths", "contexts", "chunks"), [
+    ([0, 3, 7], [1000, 2000, 3000], [(500, 200), (0, 100)]),  # 10 verified draft tokens beside two chunks
+    ([0, 3, 7], [1000, 2000, 3000], []),
+    ([2], [64], [(0, 1000)]),
+    ([], [], [(4000, 400)]),  # a chunk alone: no draft token
+])
+def test_the_engine_charges_verified_draft_tokens_only(v2_raw, lengths, contexts, chunks):
+    plain, charged = profile_from_dict(v2_raw), profile_from_dict(_with_draft_field(v2_raw))
+    extra_s = _verify_s(charged, lengths, contexts, chunks) - _verify_s(plain, lengths, contexts, chunks)
+    assert extra_s == pytest.approx(DECODE_TOKEN_S * sum(lengths), rel=1e-9, abs=1e-15)
+
+
+def test_the_policy_curve_holds_it_per_batch_token_beyond_one_per_request(v2_raw):
+    plain, charged = profile_from_dict(v2_raw), profile_from_dict(_with_draft_field(v2_raw))
+    before, after = plain.cost_curve(3), charged.cost_curve(3)
+    np.testing.assert_allclose(1.0 / after.steps_per_s - 1.0 / before.steps_per_s,
+                               DECODE_TOKEN_S * np.maximum(before.batch_tokens - 3, 0), rtol=1e-9, atol=1e-15)
+    # a step without speculation (B = R) pays none of it
+    assert charged.verify_s(4, 4) == pytest.approx(plain.verify_s(4, 4))

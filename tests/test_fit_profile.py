@@ -39,8 +39,9 @@ DRAFT_FIXED_S, DRAFT_PER_POSITION_S = 0.2e-3, 0.4e-3
 CONTEXT_TOP = 100_000
 
 
-def known_profile(cliff: tuple[int, float] | None = None):
-    """Linear dense part, per-request and per-context-token costs, a fixed + per-position drafter."""
+def known_profile(cliff: tuple[int, float] | None = None, draft_token_s: float = 0.0):
+    """Linear dense part, per-request and per-context-token costs, a fixed + per-position drafter (and, when given,
+    the target's cost per verified draft token)."""
     top = 1024
     data = {
         "format": "specsched-hardware-profile", "version": 2,
@@ -59,6 +60,8 @@ def known_profile(cliff: tuple[int, float] | None = None):
     }
     if cliff is not None:
         data["cuda_graphs"] = {"max_captured_tokens": cliff[0], "eager_overhead_s": cliff[1]}
+    if draft_token_s:
+        data["verify"]["draft_token_s"] = draft_token_s
     return profile_from_dict(data, "<known>")
 
 
@@ -212,6 +215,26 @@ def test_fit_recovers_known_costs():
     # per request: on that direction too, but bounded by costs being >= 0 to about the target's per-token cost
     # (10 us), plus the noise - against 0 .. 40 us without speculative runs (next test)
     assert ranges["per_request_s"].high - ranges["per_request_s"].low < 2.5 * DENSE_PER_TOKEN_S
+
+
+def test_the_targets_cost_per_verified_draft_token_is_the_other_end_of_the_drafter_split():
+    """The real loop's target spends host work per verified draft token (rejection sampling) that a step without
+    speculation never pays. In static-k runs it is R * k, exactly the drafter's per-drafted-token column: the fit
+    says so, its range holds the truth, and the alternatives bracket a step that verifies fewer tokens than it
+    drafts (as greedy's and dspark's do) where the two ends price it differently."""
+    truth_s = 20e-6
+    profile = known_profile(draft_token_s=truth_s)
+    report = fit_runs(known_runs(profile=profile, prompts=(1000,)))
+    verify, drafter = (report.identification.by_name(n) for n in ("verify_draft_token_s", "draft_per_token_s"))
+    assert verify.status == drafter.status == "not identified"
+    assert verify.low <= truth_s <= verify.high and drafter.low == pytest.approx(0.0, abs=1e-9)
+    r, k, verified = 16.0, 7.0, 16.0 * 2  # 16 requests draft 7 tokens each, verify 2 each
+    shape = [np.array([v]) for v in (r, r + verified, 1100.0, k)]
+    real_s = (profile.verify_s(16, 48) + profile.attention_s(np.full(16, 1100), 3)
+              + profile.draft_s("mtp", 16, 7))
+    priced = [float(report.model.predict_s(a.theta, *shape, draft_cap=a.draft_cap)[0])
+              for a in [*report.alternatives.values()]]
+    assert min(priced) <= real_s <= max(priced) and max(priced) > 1.02 * min(priced)
 
 
 def test_no_speculation_cannot_split_per_token_from_per_request():

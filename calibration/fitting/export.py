@@ -90,7 +90,7 @@ def _draft_block(model: CostModel, theta: np.ndarray, opts: ExportOptions,
     r, g = np.meshgrid(reqs, gammas, indexing="ij")
     priced = g if draft_cap is None else np.minimum(g, draft_cap)
     latency = (model.value(theta, "draft_fixed_s") + model.value(theta, "draft_per_position_s") * priced
-               + model.value(theta, "draft_per_token_s") * r * priced
+               + model.value(theta, "draft_per_token_s") * r * priced + model.value(theta, "draft_per_request_s") * r
                + model.known_s(r.ravel(), np.zeros(r.size), g.ravel()).reshape(r.shape))
     floored = bool(np.any(latency < MIN_DRAFT_S))
     latency = np.maximum(latency, MIN_DRAFT_S)
@@ -121,7 +121,8 @@ def profile_dict(model: CostModel, theta: np.ndarray, opts: ExportOptions, prefi
     out: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "metadata": metadata, "gpus_per_replica": opts.gpus_per_replica,
         "verify": {"batch_tokens": [int(round(k)) for k in model.knots_tokens],
-                   "step_s": model.dense_values(theta).tolist()},
+                   "step_s": model.dense_values(theta).tolist(),
+                   **({"draft_token_s": model.value(theta, "verify_draft_token_s")} if model.fit_drafter else {})},
         "per_request": {"num_requests": [1, opts.max_requests],
                         "step_s": [per_request, per_request * opts.max_requests]},
     }

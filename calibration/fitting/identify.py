@@ -51,7 +51,7 @@ DELTA_CHI2 = 4.0
 NULL_RTOL = 1e-6
 NULL_LOADING = 1e-3  # a quantity with this share on a null direction of the data moves with it
 IDENTIFIED_RELATIVE = 0.2
-MAX_ALTERNATIVES = 6
+MAX_ALTERNATIVES = 8
 STATUSES = ("identified", "poorly identified", "not identified", "extrapolated")
 # The alternatives with the dense curve flat / proportional to the batch beyond the largest batch any run reaches
 BEYOND_DATA = ("dense_beyond_data.flat", "dense_beyond_data.proportional")

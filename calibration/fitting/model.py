@@ -10,6 +10,8 @@ One engine step over ``R`` decoding requests, ``B`` batch tokens, mean context
            + eager_s * [B > max_captured_tokens]     # the cliff, when stated or detected
            + draft_fixed_s * [k > 0] + draft_per_position_s * k   # the drafter, when fitted,
            + draft_per_token_s * R * k                               # per drafted token
+           + draft_per_request_s * R * [k > 0]                       # per request it drafts for (its context)
+           + verify_draft_token_s * (B - R)       # the target's work per verified draft token (rejection sampling)
            + known drafter cost (--drafter-cost), when given
 
 ``dense(B)`` is piecewise linear between its values at the knots; the parameters
@@ -23,7 +25,12 @@ a constant context makes ``R * C`` a multiple of ``R``; and in runs that verify
 every drafted token a drafter cost per drafted token, ``R * k = B - R``, is never
 separable from the two. It is a parameter all the same: it does not change a
 static-k prediction, but it prices the steps of policies that verify fewer tokens
-than they draft (greedy, dspark), so its range is carried forward.
+than they draft (greedy, dspark), so its range is carried forward; so is that of
+the target's cost per verified draft token (``B - R``), the other end of the same
+split, which no step without speculation pays. The drafter's
+cost per request whatever k (taking in each request's accepted tokens: its
+context) is what separates a step of R requests with a drafter from one without:
+runs without speculation pay ``per_request_s`` alone.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ class CostModel:
 
     knots_tokens: np.ndarray  # [K] strictly increasing batch tokens of the dense curve
     max_captured_tokens: int | None = None  # eager above it (one more parameter, eager_s)
-    fit_drafter: bool = False  # draft_fixed_s, draft_per_position_s and draft_per_token_s are parameters
+    fit_drafter: bool = False  # the drafter's four costs and the target's per verified draft token are parameters
     known_drafter: DrafterCost | None = None
     fit_attention: bool = True  # False when the runs' contexts do not vary: then it is given
     known_attention_s_per_context_token: float = 0.0  # used when fit_attention is False
@@ -82,7 +89,8 @@ class CostModel:
         if self.max_captured_tokens is not None:
             names.append("eager_s")
         if self.fit_drafter:
-            names += ["draft_fixed_s", "draft_per_position_s", "draft_per_token_s"]
+            names += ["draft_fixed_s", "draft_per_position_s", "draft_per_token_s", "draft_per_request_s",
+                      "verify_draft_token_s"]
         return names
 
     @property
@@ -146,7 +154,10 @@ class CostModel:
         if self.max_captured_tokens is not None:
             cols.append((np.asarray(batch_tokens) > self.max_captured_tokens).astype(np.float64)[:, None])
         if self.fit_drafter:
-            cols += [(k > 0).astype(np.float64)[:, None], k_priced[:, None], (r * k_priced)[:, None]]
+            drafts = (k > 0).astype(np.float64)
+            verified = np.maximum(np.asarray(batch_tokens, dtype=np.float64) - r, 0.0)
+            cols += [drafts[:, None], k_priced[:, None], (r * k_priced)[:, None], (r * drafts)[:, None],
+                     verified[:, None]]
         return np.hstack(cols)
 
     def known_s(self, num_requests: np.ndarray, context_tokens: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:

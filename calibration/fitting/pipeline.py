@@ -131,9 +131,10 @@ def _drafter(runs: list[BenchmarkRun], config: FitConfig, notes: list[str]) -> b
     if len(ks) == 1:
         notes.append(f"speculative runs at one draft length only (k={ks[0]}): the drafter's fixed and per-position "
                      "costs cannot be told apart, and other k are extrapolated")
-    notes.append("the drafter is fitted as fixed + per-position + per-drafted-token cost; runs that verify every "
-                 "drafted token cannot tell its per-token cost from the target's (R*k = B - R): static-k predictions "
-                 "do not depend on the split, steps that verify fewer tokens than they draft (greedy, dspark) do")
+    notes.append("the drafter is fitted as fixed + per-position + per-drafted-token + per-request cost, beside the "
+                 "target's cost per verified draft token; runs that verify every drafted token cannot tell the two "
+                 "per-token costs apart (R*k = B - R): static-k predictions do not depend on the split, steps that "
+                 "verify fewer tokens than they draft (greedy, dspark) do")
     return True
 
 

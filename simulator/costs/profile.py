@@ -10,6 +10,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
                                                     (with key_padding "longest": every c_r is the batch's longest)
     + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention)
     + decode_token_s * sum_r (1 + l_r)              host work per decode (verification) token, none per chunk token
+    + draft_token_s * sum_r l_r                     work per verified draft token that a step without speculation
+                                                    does not do (rejection sampling, draft bookkeeping)
     + mixed_step(R)                                 a step with prefill chunks beside R >= 1 decoding requests:
                                                     fixed_s + per_request_s * R (prefill.mixed_step)
     + join_s * J + leave_s * L                      J requests joined the batch since the previous step (this is
@@ -82,6 +84,7 @@ class HardwareProfile:
     chunk_attention: Table2D | None = None  # seconds of one prefill chunk over (context_tokens, chunk_tokens)
     prefill_table: Table1D | None = None  # seconds of one disaggregated prefill over prompt_tokens (prefill.table)
     decode_token_s: float = 0.0  # seconds per decode (verification) token of a step, none per prefill-chunk token
+    draft_token_s: float = 0.0  # seconds per verified draft token (a decode token beyond each request's first)
     join_s: float = 0.0  # seconds a step spends per request that joined the batch since the previous step
     leave_s: float = 0.0  # seconds a step spends per request it finishes
     wake_s: float = 0.0  # seconds the first step after the engine sat idle spends beyond its parts
@@ -145,16 +148,21 @@ class HardwareProfile:
         return self._grid[0]
 
     def verify_s(self, num_requests: int, batch_tokens: int, padded_slots: int = 0,
-                 decode_tokens: int | None = None) -> float:
-        """Dense part, query padding, per-request overhead and the host work per decode token of a step (no
-        attention; see :meth:`attention_s`): ``batch_tokens`` over ``num_requests`` requests, ``padded_slots`` query
-        slots of padding, ``decode_tokens`` of the batch tokens decode (verification) tokens (default: all of them;
-        the rest are prefill-chunk tokens, which pay no ``decode_token_s``)."""
+                 decode_tokens: int | None = None, verified_draft_tokens: int | None = None) -> float:
+        """Dense part, query padding, per-request overhead and the host work per decode token and per verified
+        draft token of a step (no attention; see :meth:`attention_s`): ``batch_tokens`` over ``num_requests``
+        requests, ``padded_slots`` query slots of padding, ``decode_tokens`` of the batch tokens decode (verification)
+        tokens (default: all of them; the rest are prefill-chunk tokens, which pay no ``decode_token_s``),
+        ``verified_draft_tokens`` of those beyond each request's first (default: decode tokens less requests)."""
         step_s = self.dense_s(batch_tokens) + self.padded_slot_s * padded_slots
         if self.per_request_s is not None:
             step_s += float(self.per_request_s(num_requests))
+        decode = batch_tokens if decode_tokens is None else decode_tokens
         if self.decode_token_s:
-            step_s += self.decode_token_s * (batch_tokens if decode_tokens is None else decode_tokens)
+            step_s += self.decode_token_s * decode
+        if self.draft_token_s:
+            drafts = max(decode - num_requests, 0) if verified_draft_tokens is None else verified_draft_tokens
+            step_s += self.draft_token_s * drafts
         return step_s
 
     # ------------------------------------------------------------------ attention
@@ -215,9 +223,9 @@ class HardwareProfile:
     # ------------------------------------------------------------------ what a policy prices with
     def cost_curve(self, num_requests: int, draft_s: float = 0.0) -> CostCurve:
         """SPS over batch tokens for a step with ``num_requests`` requests (dense part with its cliff, the
-        per-request overhead and ``decode_token_s`` per batch token, every one of which a policy's decision makes a
-        decode token; no attention)."""
-        if self.cuda_graphs is None and self.dense_step_s is None and not self.decode_token_s:
+        per-request overhead, ``decode_token_s`` per batch token, every one of which a policy's decision makes a
+        decode token, and ``draft_token_s`` per batch token beyond one per request; no attention)."""
+        if self.cuda_graphs is None and self.dense_step_s is None and not (self.decode_token_s or self.draft_token_s):
             sps = self.verify_sps.y
             if self.per_request_s is not None:
                 sps = 1.0 / (1.0 / sps + float(self.per_request_s(num_requests)))
@@ -231,6 +239,8 @@ class HardwareProfile:
         step_s = dense + (float(self.per_request_s(num_requests)) if self.per_request_s is not None else 0.0)
         if self.decode_token_s:
             step_s = step_s + self.decode_token_s * tokens
+        if self.draft_token_s:
+            step_s = step_s + self.draft_token_s * np.maximum(tokens - num_requests, 0.0)
         return step_s
 
     def step_cost_curve(self, drafter: str, num_requests: int, draft_tokens: int,

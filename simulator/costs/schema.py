@@ -30,8 +30,8 @@ BUILTIN_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # Top-level fields in the order a writer puts them; the version-2 ones are optional.
 FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_request", "attention", "cuda_graphs",
           "token_budget", "draft", "prefill", "scheduler")
-V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verify.decode_token_s", "verify.join_s",
-             "verify.leave_s", "verify.wake_s",
+V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verify.decode_token_s",
+             "verify.draft_token_s", "verify.join_s", "verify.leave_s", "verify.wake_s",
              "draft.<kind>.context_tokens",
              "draft.<kind>.key_padding",
              "prefill.chunk_attention", "prefill.table", "prefill.mixed_step")
@@ -108,7 +108,8 @@ def _metadata(data: dict[str, Any], origin: str) -> dict[str, Any]:
 
 
 def _verify_seconds(verify: dict[str, Any], key: str, version: int, origin: str) -> float:
-    """A version-2 number of seconds in ``verify`` (``decode_token_s``: per decode token of a step; ``join_s``,
+    """A version-2 number of seconds in ``verify`` (``decode_token_s``: per decode token of a step;
+    ``draft_token_s``: per verified draft token, a decode token beyond each request's first; ``join_s``,
     ``leave_s``: per request that joins the batch before a step, resp. finishes in it; ``wake_s``: the first step
     after the engine sat idle), >= 0, 0 when absent."""
     if key not in verify:
@@ -119,8 +120,8 @@ def _verify_seconds(verify: dict[str, Any], key: str, version: int, origin: str)
 
 def _verify(data: dict[str, Any], version: int, origin: str) -> tuple[Table1D, Table1D | None, float]:
     verify = f.block(data, "verify", origin)
-    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", "decode_token_s", "join_s",
-                          "leave_s", "wake_s"), "verify.", origin)
+    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", "decode_token_s", "draft_token_s",
+                          "join_s", "leave_s", "wake_s"), "verify.", origin)
     tokens = f.axis(f.get(verify, "batch_tokens", "verify.", origin), "verify.batch_tokens", origin)
     padded = f.number(verify.get("padded_slot_s", 0.0), "verify.padded_slot_s", origin, True)
     what = "verify SPS over batch_tokens"
@@ -338,6 +339,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
         chunk_attention=chunk_attention, prefill_table=prefill_table, mixed_step=_mixed_step(data, version, origin),
         decode_token_s=_verify_seconds(data["verify"], "decode_token_s", version, origin),
+        draft_token_s=_verify_seconds(data["verify"], "draft_token_s", version, origin),
         join_s=_verify_seconds(data["verify"], "join_s", version, origin),
         leave_s=_verify_seconds(data["verify"], "leave_s", version, origin),
         wake_s=_verify_seconds(data["verify"], "wake_s", version, origin))

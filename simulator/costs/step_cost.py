@@ -52,7 +52,8 @@ def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int,
     num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
     batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
     padded_slots = num_requests * (1 + longest_verified_tokens) - decode_tokens if num_requests else 0
-    verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots, decode_tokens)
+    verify_s = profile.verify_s(num_requests + num_chunks, batch_tokens, padded_slots, decode_tokens,
+                                max(decode_tokens - num_requests, 0))
     attention_s = decode_attention_s
     if num_chunks:
         has = chunk_tokens > 0
