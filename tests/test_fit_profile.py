@@ -13,7 +13,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from calibration.fitting.cli import main as fit_main
-from calibration.fitting.export import ExportOptions, profiles
+from calibration.fitting.export import ExportOptions, profile_dict, profiles
 from calibration.fitting.model import DrafterCost
 from calibration.fitting.pipeline import SEQUENTIAL_DRAFTERS, FitConfig, fit_runs
 from calibration.fitting.readers import read_results
@@ -344,6 +344,18 @@ def test_the_drafter_beyond_the_largest_draft_length_run_ranges_from_flat_to_lin
     assert "draft_beyond_data.flat" not in upto3["metadata"]["fit"]["alternatives"]
     # a drafter named sequential pays per position: carrying its cost on linearly is not a guess
     assert fit_runs(known_runs(), FitConfig(drafter_kind="mtp")).draft_tokens_fitted is None
+
+
+def test_a_parameter_held_a_rounding_error_below_zero_is_written_as_zero():
+    """A bounded solver may return -1e-36 for a cost held at its bound; the profile writes 0, not an error."""
+    report = fit_runs(known_runs(), FitConfig())
+    theta = report.central.copy()
+    for name in ("verify_draft_token_s", "per_request_s", "draft_per_request_s"):
+        theta[report.model.index(name)] = -4e-36
+    data = profile_dict(report.model, theta, ExportOptions(device="test", model="known", created="2025-01-01",
+                                                           max_requests=64, max_draft_tokens=8), (0.0, 1e4), {})
+    profile = profile_from_dict(data, "<rounded>")
+    assert profile.draft_token_s == 0.0 and data["per_request"]["step_s"] == [0.0, 0.0]
 
 
 def test_sequential_drafters_are_the_shapes_that_are_not_parallel():

@@ -112,6 +112,9 @@ def _attention_block(model: CostModel, theta: np.ndarray, opts: ExportOptions) -
 def profile_dict(model: CostModel, theta: np.ndarray, opts: ExportOptions, prefill: tuple[float, float],
                  metadata_extra: dict[str, Any], draft_cap: float | None = None) -> dict[str, Any]:
     """One profile (version 2) from one parameter vector (the drafter flat beyond ``draft_cap``, when given)."""
+    # Every parameter is >= 0; a bounded solver may return -1e-36 for one held at its bound, which the format
+    # would refuse as a negative cost.
+    theta = np.maximum(theta, 0.0)
     per_request = model.value(theta, "per_request_s")
     draft, floored = _draft_block(model, theta, opts, draft_cap)
     metadata = {"source": "fitted", "device": opts.device, "model": opts.model, "created": opts.created,
