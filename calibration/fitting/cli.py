@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="metadata.model (default: the runs' model id, when one)")
     p.add_argument("--gpus-per-replica", type=int, default=1)
     p.add_argument("--max-requests", type=int, default=4096, help="extent of the per-request and draft tables")
-    p.add_argument("--max-draft-tokens", type=int, default=16, help="extent of the draft and attention tables")
+    p.add_argument("--max-draft-tokens", type=int, default=16,
+                   help="extent of the draft and attention tables, and the draft length of the steps whose "
+                        "cheapest and dearest fits are carried forward (default: 16)")
     p.add_argument("--max-context-tokens", type=int, default=131072, help="extent of the attention table")
     p.add_argument("--prefill", default=None, metavar="FIXED_S,TOKENS_PER_S",
                    help="prefill cost (default: from the runs' TTFT)")
@@ -100,12 +102,14 @@ def run(argv: list[str] | None = None) -> tuple[dict, str]:
     drafter = None
     if args.drafter_cost is not None:
         drafter = DrafterCost(*_numbers(args.drafter_cost, 3, "--drafter-cost", "FIXED_S,PER_POSITION_S,PER_TOKEN_S"))
+    if args.max_draft_tokens < 1:
+        raise ResultsError(f"--max-draft-tokens must be >= 1, got {args.max_draft_tokens}")
     kind = _drafter_kind(runs, args.drafter_kind)
     config = FitConfig(
         tpot=args.tpot, batch=args.batch, step=args.step, num_knots=args.knots, max_batch_tokens=args.max_batch_tokens,
         max_captured_tokens=args.max_captured_tokens, detect_cliff=args.detect_cliff, drafter_cost=drafter,
         prior=parse_prior(args.prior) if args.prior else None, prior_std=args.prior_std, drafter_kind=kind,
-        noise=args.noise_pct / 100, smoothness=args.smoothness_pct / 100)
+        probe_draft_tokens=args.max_draft_tokens, noise=args.noise_pct / 100, smoothness=args.smoothness_pct / 100)
     report = fit_runs(runs, config)
     prefill = _numbers(args.prefill, 2, "--prefill", "FIXED_S,TOKENS_PER_S") if args.prefill else None
     if prefill is not None and prefill[1] <= 0:

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from calibration.fitting.model import CostModel
-from calibration.fitting.pipeline import FitReport
+from calibration.fitting.pipeline import DRAFT_BEYOND_DATA, FitReport
 from calibration.fitting.runs import ResultsError, StepObservation
 from simulator.costs import profile_from_dict
 
@@ -179,10 +179,13 @@ def profiles(report: FitReport, opts: ExportOptions) -> dict[str, Any]:
         fixed_s, tokens_per_s, how = estimate_prefill(report.observations)
         prefill = (fixed_s, tokens_per_s)
     meta = fit_metadata(report, how)
-    meta["alternatives"] = {
-        name: profile_dict(report.model, alt.theta, opts, prefill, {"fit": {"alternative": name}}, alt.draft_cap)
-        for name, alt in report.alternatives.items()
-        if alt.draft_cap is None or opts.max_draft_tokens > alt.draft_cap}  # else the central profile again
+    meta["alternatives"] = {}
+    for name, alt in report.alternatives.items():
+        cap = alt.draft_cap if alt.draft_cap is not None and opts.max_draft_tokens > alt.draft_cap else None
+        if name == DRAFT_BEYOND_DATA and cap is None:
+            continue  # the tables end where the drafter would turn flat: the central profile again
+        meta["alternatives"][name] = profile_dict(report.model, alt.theta, opts, prefill,
+                                                  {"fit": {"alternative": name}}, cap)
     for name, alternative in meta["alternatives"].items():
         profile_from_dict(alternative, f"<fitted alternative {name}>")  # never write what the simulator refuses
     central = profile_dict(report.model, report.central, opts, prefill, {"fit": meta})

@@ -35,7 +35,8 @@ beyond the largest batch (``dense_beyond_data.flat`` / ``.proportional``); the
 profile carries them so that simulations report an interval
 (:mod:`calibration.fitting.export`). A fixed k larger than the runs' (mtp7 from
 mtp1/mtp3 runs) reaches batches no run did; its interval says how much that
-extrapolation is worth.
+extrapolation is worth. Alternatives that move several of these at once, to the ends of a speculative step's
+price, are :mod:`calibration.fitting.extremes`.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def loading(vec: np.ndarray, null: np.ndarray, scale: np.ndarray) -> float:
     return float(np.sum((null.T @ scaled) ** 2) / np.sum(scaled ** 2))
 
 
-def _profile_range(problem: Problem, vec: np.ndarray, fit: Fit, threshold: float, cap: float,
+def profile_range(problem: Problem, vec: np.ndarray, fit: Fit, threshold: float, cap: float,
                    iterations: int = 40) -> tuple[float, float, np.ndarray, np.ndarray, bool]:
     """(low, high, theta at low, theta at high, high reached the cap) of the quantity ``vec @ theta``."""
     best = float(vec @ fit.theta)
@@ -186,7 +187,7 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
             ranges.append(ParameterRange(name, best, best, best, "extrapolated", "no run exercises it"))
             continue
         cap = 10.0 * float(np.max(problem.obs.step_s)) / reach
-        low, high, theta_low, theta_high, hit_cap = _profile_range(problem, vec, fit, threshold, cap)
+        low, high, theta_low, theta_high, hit_cap = profile_range(problem, vec, fit, threshold, cap)
         on_null = loading(vec, null_data, scale_data)
         status, reason = _status(best, low, high, reach, step_ref, fit.noise, on_null,
                                  loading(vec, null_full, scale_full), hit_cap, problem.options.prior is not None)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from calibration.fitting.extremes import Alternative, joint_extremes
 from calibration.fitting.fit import Cliff, Fit, FitOptions, detect_cliff, fit
 from calibration.fitting.identify import Identification, identify
 from calibration.fitting.model import CostModel, DrafterCost, Observations, default_knots
@@ -41,6 +42,7 @@ class FitConfig:
     prior: tuple[str, str] | None = None  # (model, gpu) of the roofline prior
     prior_std: float = 0.3
     drafter_kind: str | None = None  # the drafter the roofline prior prices; a sequential one extrapolates in k
+    probe_draft_tokens: int | None = None  # K of the joint extremes' probe steps (None: the largest k run)
     noise: float = 0.01
     smoothness: float = 0.05
 
@@ -49,6 +51,8 @@ class FitConfig:
             raise ValueError(f"num_knots must be >= 2, got {self.num_knots}")
         if not (self.noise > 0 and self.smoothness > 0 and self.prior_std > 0):
             raise ValueError("noise, smoothness and prior_std must be > 0")
+        if self.probe_draft_tokens is not None and self.probe_draft_tokens < 1:
+            raise ValueError(f"probe_draft_tokens must be >= 1, got {self.probe_draft_tokens}")
         if self.max_captured_tokens is not None and self.detect_cliff:
             raise ValueError("state the cliff (max_captured_tokens) or detect it, not both")
 
@@ -58,15 +62,6 @@ DRAFT_BEYOND_DATA = "draft_beyond_data.flat"
 # Drafters that run one pass per drafted position (``parallel=False`` in calibration.models.shapes): their cost
 # grows linearly in k, so carrying the fitted per-position cost on beyond the runs is their physics, not a guess
 SEQUENTIAL_DRAFTERS = ("eagle3", "mtp")
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """One fit that explains the runs as well as the central one: its parameters and, for
-    :data:`DRAFT_BEYOND_DATA`, the draft length beyond which its drafter costs no more."""
-
-    theta: np.ndarray
-    draft_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +77,7 @@ class FitReport:
     step: StepEstimate = "tpot"  # what the observations' step times were read from
     # the largest draft length a run used, when the drafter is fitted and not known to be sequential
     draft_tokens_fitted: int | None = None
+    extremes: dict[str, Alternative] = field(default_factory=dict)  # see calibration.fitting.extremes
 
     @property
     def model(self) -> CostModel:
@@ -89,17 +85,23 @@ class FitReport:
 
     @property
     def alternatives(self) -> dict[str, Alternative]:
-        """The identification's alternatives and, when the drafter is fitted, the central fit with its drafter
-        flat beyond the largest draft length a run used (the cheap end of carrying it there; the central fit
-        carries it on linearly, the dear end)."""
-        out = {name: Alternative(theta) for name, theta in self.identification.alternatives.items()}
-        if self.draft_tokens_fitted is not None:
-            out[DRAFT_BEYOND_DATA] = Alternative(self.central, float(self.draft_tokens_fitted))
-        return out
+        """The identification's alternatives; when the drafter is fitted, the central fit with its drafter flat
+        beyond the largest draft length a run used (the cheap end of carrying it there; the central fit carries
+        it on linearly, the dear end); then the joint extremes of the probe steps."""
+        return {**_single_alternatives(self.identification, self.central, self.draft_tokens_fitted),
+                **self.extremes}
 
     @property
     def central_errors(self) -> np.ndarray:
         return self.fit.problem.relative_errors(self.central)
+
+
+def _single_alternatives(identification: Identification, central: np.ndarray,
+                         draft_tokens_fitted: int | None) -> dict[str, Alternative]:
+    out = {name: Alternative(theta) for name, theta in identification.alternatives.items()}
+    if draft_tokens_fitted is not None:
+        out[DRAFT_BEYOND_DATA] = Alternative(central, float(draft_tokens_fitted))
+    return out
 
 
 def _attention(obs: Observations, config: FitConfig, notes: list[str]) -> tuple[bool, float]:
@@ -175,8 +177,12 @@ def fit_runs(runs: list[BenchmarkRun], config: FitConfig = FitConfig()) -> FitRe
     draft_tokens_fitted = None
     if fit_drafter and config.drafter_kind not in SEQUENTIAL_DRAFTERS:
         draft_tokens_fitted = max(r.num_speculative_tokens for r in runs if r.speculative)
+    ks = [r.num_speculative_tokens for r in runs if r.speculative]
+    probe_k = config.probe_draft_tokens or (max(ks) if ks else 0)
+    extremes = joint_extremes(best, probe_k, None if draft_tokens_fitted is None else float(draft_tokens_fitted),
+                              _single_alternatives(identification, central, draft_tokens_fitted))
     return FitReport(runs, observations, best, identification, central, cliff, prior_label, notes, config.step,
-                     draft_tokens_fitted)
+                     draft_tokens_fitted, extremes)
 
 
 def config_counts(runs: list[BenchmarkRun]) -> str:

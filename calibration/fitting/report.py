@@ -99,10 +99,11 @@ def unidentified_words(report: FitReport) -> str:
     ranges = {r.name: r for r in ident.ranges}
     loose = [r for r in ident.ranges if r.status in ("not identified", "poorly identified")]
     if not loose and not ident.null_directions:
-        return "\n".join(["every parameter the runs touch is identified.", *_draft_beyond_lines(report)])
+        return "\n".join(["every parameter the runs touch is identified.", *_draft_beyond_lines(report),
+                          *_extremes_lines(report), *_carried_lines(report)])
     lines = ["what the runs cannot pin down:"]
-    for direction in ident.null_directions:
-        lines.append(f"  - {_split_words(ranges, direction)}")
+    for words in dict.fromkeys(_split_words(ranges, d) for d in ident.null_directions):  # once per kind of split
+        lines.append(f"  - {words}")
     for r in loose:
         if r.dense:
             continue
@@ -118,12 +119,24 @@ def unidentified_words(report: FitReport) -> str:
     if beyond:
         lines.append(f"  - beyond the largest batch any run reaches ({beyond[0].name} and up): the curve may stay flat "
                      "or grow up to in proportion to the batch; both ends are carried forward")
-    lines += _draft_beyond_lines(report)
+    return "\n".join(lines + _draft_beyond_lines(report) + _extremes_lines(report) + _carried_lines(report))
+
+
+def _extremes_lines(report: FitReport) -> list[str]:
+    probes = sorted({name.rsplit(".", 1)[0] for name in report.extremes})
+    if not probes:
+        return []
+    return [f"  - jointly: for {len(probes)} probe step(s) of R requests drafting k tokens each and verifying all "
+            f"or one ({', '.join(probes)}), the fits that price them cheapest and dearest, each with the "
+            "extrapolations beyond the runs at the matching end (drafter and dense curve flat, or carried on)"]
+
+
+def _carried_lines(report: FitReport) -> list[str]:
     alternatives = list(report.alternatives)
-    if alternatives:
-        lines.append(f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
-                     "experiments.run simulates them too and reports *_low / *_high")
-    return "\n".join(lines)
+    if not alternatives:
+        return []
+    return [f"carried forward as {len(alternatives)} alternative profiles ({', '.join(alternatives)}); "
+            "experiments.run simulates them too and reports *_low / *_high"]
 
 
 def full_report(report: FitReport) -> str:

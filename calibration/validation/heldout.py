@@ -72,7 +72,7 @@ def fit_from_benchmarks(bench_csv: Path, cfg: ValidationConfig, measured: Hardwa
     allowed = {make_policy(p).draft_tokens(cfg.gamma) for p in FIT_POLICIES}
     runs = [r for r in read_results([bench_csv]) if r.num_speculative_tokens in allowed]
     report = fit_runs(runs, FitConfig(step=step, max_batch_tokens=max(cfg.users) * (1 + cfg.gamma),
-                                      drafter_kind=cfg.drafter))
+                                      drafter_kind=cfg.drafter, probe_draft_tokens=cfg.gamma))
     options = ExportOptions(device=str(measured.metadata.get("device", "cpu")), model=str(runs[0].label),
                             drafter_kind=cfg.drafter, max_requests=max(cfg.users) + 1, max_draft_tokens=cfg.gamma,
                             max_context_tokens=cfg.max_prompt_tokens + cfg.max_output_tokens, created=created)
