@@ -27,6 +27,12 @@ def parallel_truth():
     return profile_from_dict(data, "<parallel truth>")
 
 
+@pytest.fixture(scope="module")
+def report():
+    """Fitted from k = 0, 1 and 3 runs of :func:`parallel_truth`, extremes built for k = 7."""
+    return fit_runs(known_runs(profile=parallel_truth()), FitConfig(max_batch_tokens=32 * 8, probe_draft_tokens=7))
+
+
 def true_step_s(truth, r: int, k: int, verified: int, context: float) -> float:
     return (truth.verify_s(r, r * (1 + verified)) + truth.attention_s(np.full(r, context), 1 + verified)
             + truth.draft_s("mtp", r, k))
@@ -38,13 +44,12 @@ def _predictions(report, fits, shapes, context):
                                             draft_cap=a.draft_cap) for a in fits])  # [fits, shapes]
 
 
-def test_the_joint_extremes_cover_steps_that_no_single_alternative_covers():
+def test_the_joint_extremes_cover_steps_that_no_single_alternative_covers(report):
     """Fitted from k = 0, 1, 3 runs of a truth whose drafter is parallel and whose target pays per verified draft
     token, a k = 7 step is cheapest with both at once. The single alternatives (one parameter or one
     extrapolation at an end) leave some k = 7 steps outside their interval; with the joint extremes every one
     of them is inside, and every extreme explains the runs within delta chi-square of the best fit."""
     truth = parallel_truth()
-    report = fit_runs(known_runs(profile=truth), FitConfig(max_batch_tokens=32 * 8, probe_draft_tokens=7))
     assert report.extremes, "no joint extremes for a fitted parallel drafter"
     context = float(np.median(report.fit.problem.obs.context_tokens))
     shapes = [(r, 7, v) for r in (1, 4, 16, 32) for v in (1, 3, 7)]
@@ -66,8 +71,7 @@ def test_the_joint_extremes_cover_steps_that_no_single_alternative_covers():
         assert problem.data_chi2(alternative.theta) <= report.fit.chi2 + DELTA_CHI2 + 1e-6, name
 
 
-def test_the_extremes_reach_the_profile_and_the_report():
-    report = fit_runs(known_runs(profile=parallel_truth()), FitConfig(max_batch_tokens=32 * 8, probe_draft_tokens=7))
+def test_the_extremes_reach_the_profile_and_the_report(report):
     data = profiles(report, ExportOptions(device="test", model="known", created="2025-01-01", max_requests=64,
                                           max_draft_tokens=8))
     written = data["metadata"]["fit"]["alternatives"]
