@@ -41,8 +41,9 @@ def test_heldout_command_fits_from_static_runs_and_predicts_the_others(tmp_path)
         assert (covered == held[f"{metric}_covered"]).all()
     assert (out / "heldout.md").read_text().count("| held out |") == len(HELD_OUT_POLICIES)
 
-    # the analysis again from the files alone, with TPOT x tau: its own outputs beside the first
-    again = main(["--reanalyse", str(out), "--step", "tpot"])
+    # the analysis again from the files alone, with TPOT x tau: its own outputs beside the first (the first
+    # simulated one process per CPU, this one in this process)
+    again = main(["--reanalyse", str(out), "--step", "tpot", "--jobs", "1"])
     assert (out / "heldout_tpot.csv").is_file() and (out / "fitted_profile_tpot.json").is_file()
     by_tpot = {r.num_speculative_tokens: r.mean_tpot_ms / 1e3 * (r.acceptance_length or 1.0)
                * (r.mean_output_tokens - 1) / (r.mean_output_tokens - 1 + overshoot_tokens(r.acceptance_length or 1.0,
@@ -53,3 +54,10 @@ def test_heldout_command_fits_from_static_runs_and_predicts_the_others(tmp_path)
     saved = pd.read_csv(out / "heldout.csv")
     assert np.allclose(saved["throughput_real"], again.table["throughput_real"])  # same real runs, read back
     assert json.loads((out / "heldout_config.json").read_text())["policies"] == [*FIT_POLICIES, *HELD_OUT_POLICIES]
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_must_be_a_count_or_minus_one(jobs, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--reanalyse", "nowhere", "--jobs", jobs])
+    assert f"--jobs: a number of processes >= 1, or -1 for one per CPU; got {jobs}" in capsys.readouterr().err

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from joblib import Parallel, delayed
 
 from calibration.fitting.export import ExportOptions, profiles
 from calibration.fitting.pipeline import FitConfig, FitReport, fit_runs
@@ -157,9 +158,12 @@ def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
     return float("nan") if value is None else float(value)
 
 
-def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str], None]) -> HeldOut:
+def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str], None],
+            jobs: int = 1) -> HeldOut:
     """Fit and predict from what a validation run left in ``out`` (its config, points.csv, measured profile,
-    acceptance logs, real step tables and bench/): the analysis of :func:`run_heldout`, repeatable offline."""
+    acceptance logs, real step tables and bench/): the analysis of :func:`run_heldout`, repeatable offline. The
+    fitted profile and its alternatives are simulated ``jobs`` at a time (joblib; -1: one per CPU), with the same
+    results whatever ``jobs``."""
     config = json.loads((out / "heldout_config.json").read_text())
     cfg = ValidationConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
     measured = load_profile(out / "profile.json")
@@ -176,19 +180,21 @@ def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str
     alternatives = {n: profile_from_dict(a, f"alternative {n}")
                     for n, a in data["metadata"]["fit"]["alternatives"].items()}
     rows = []
+    parallel = Parallel(n_jobs=jobs)  # one process per profile at a time; every simulation is seeded by its spec
     for point in pd.read_csv(out / "points.csv").to_dict("records"):
         name, users = str(point["policy"]), int(point["num_users"])
-        progress(f"{name} users={users}: simulating with the fitted profile and its alternatives")
-        sims = {n: _simulate_point(cfg, (name, users), p, logs, pricing) for n, p in alternatives.items()}
-        row = _row((name, users), _simulate_point(cfg, (name, users), central, logs, pricing), sims,
-                   real_summary(point), float(point["machine_drift"]))
+        progress(f"{name} users={users}: simulating with the fitted profile and its {len(alternatives)} alternatives")
+        summaries = parallel(delayed(_simulate_point)(cfg, (name, users), p, logs, pricing)
+                             for p in [central, *alternatives.values()])
+        sims = dict(zip(alternatives, summaries[1:], strict=True))
+        row = _row((name, users), summaries[0], sims, real_summary(point), float(point["machine_drift"]))
         row["step_err"] = step_error(cfg, name, pd.read_parquet(out / f"real_{name}_u{users}_steps.parquet"), central)
         rows.append(row)
     return HeldOut(cfg, report, data, pd.DataFrame(rows))
 
 
 def run_heldout(cfg: ValidationConfig, out: Path, step: StepEstimate, created: str,
-                progress: Callable[[str], None]) -> HeldOut:
+                progress: Callable[[str], None], jobs: int = 1) -> HeldOut:
     """Serve every point for real (the validation), write its outputs, then :func:`analyse` them."""
     cfg = replace(cfg, policies=FIT_POLICIES + HELD_OUT_POLICIES)
     validation = run_validation(cfg, progress)
@@ -196,7 +202,7 @@ def run_heldout(cfg: ValidationConfig, out: Path, step: StepEstimate, created: s
     for g, log in validation.logs.items():
         write_log(log, out / f"acceptance_log_g{g}.parquet")
     (out / "heldout_config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
-    return analyse(out, step, created, progress)
+    return analyse(out, step, created, progress, jobs)
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -245,15 +251,19 @@ def main(argv: list[str] | None = None) -> HeldOut:
                           "then end in _tpot")
     own.add_argument("--reanalyse", type=Path, default=None,
                      help="fit and predict again from an earlier run's output directory (no serving)")
+    own.add_argument("--jobs", type=int, default=-1,
+                     help="simulations run at once in the analysis, after the serving (default -1: one per CPU)")
     known, rest = own.parse_known_args(argv)
+    if known.jobs == 0 or known.jobs < -1:
+        own.error(f"--jobs: a number of processes >= 1, or -1 for one per CPU; got {known.jobs}")
     created = str(np.datetime64("today"))
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if known.reanalyse is not None:
         out = known.reanalyse
-        result = analyse(out, known.step, created, progress)
+        result = analyse(out, known.step, created, progress, known.jobs)
     else:
         cfg, out = parse_args(rest)
-        result = run_heldout(cfg, out, known.step, created, progress)
+        result = run_heldout(cfg, out, known.step, created, progress, known.jobs)
     suffix = "" if known.step == "itl" else f"_{known.step}"
     (out / f"fitted_profile{suffix}.json").write_text(json.dumps(result.profile, indent=1) + "\n")
     result.table.to_csv(out / f"heldout{suffix}.csv", index=False)
