@@ -29,7 +29,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from calibration.fitting.model import CostModel
-from calibration.fitting.pipeline import DRAFT_BEYOND_DATA, FitReport
+from calibration.fitting.pipeline import FitReport
 from calibration.fitting.runs import ResultsError, StepObservation
 from simulator.costs import profile_from_dict
 
@@ -182,8 +182,8 @@ def profiles(report: FitReport, opts: ExportOptions) -> dict[str, Any]:
     meta["alternatives"] = {}
     for name, alt in report.alternatives.items():
         cap = alt.draft_cap if alt.draft_cap is not None and opts.max_draft_tokens > alt.draft_cap else None
-        if name == DRAFT_BEYOND_DATA and cap is None:
-            continue  # the tables end where the drafter would turn flat: the central profile again
+        if cap is None and np.array_equal(alt.theta, report.central):
+            continue  # the central profile again (the drafter held flat where the tables have ended already)
         meta["alternatives"][name] = profile_dict(report.model, alt.theta, opts, prefill,
                                                   {"fit": {"alternative": name}}, cap)
     for name, alternative in meta["alternatives"].items():

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibration.fitting.fit import Fit
-from calibration.fitting.identify import DELTA_CHI2, curves_beyond_data, profile_range
+from calibration.fitting.fit import Fit, Problem
+from calibration.fitting.identify import DELTA_CHI2, curves_beyond_data, knots_inside, profile_range, same_fit
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,8 @@ class Alternative:
     theta: np.ndarray
     draft_cap: float | None = None
 
-    def same_as(self, other: Alternative, atol: float) -> bool:
-        return self.draft_cap == other.draft_cap and bool(np.allclose(self.theta, other.theta, rtol=1e-3,
-                                                                       atol=atol))
+    def same_as(self, other: Alternative, problem: Problem) -> bool:
+        return self.draft_cap == other.draft_cap and same_fit(self.theta, other.theta, problem)
 
 
 @dataclass(frozen=True)
@@ -89,22 +88,25 @@ def joint_extremes(fit: Fit, draft_tokens: int, draft_cap: float | None,
         return {}
     threshold = fit.chi2 + delta_chi2
     cap_s = 10.0 * float(np.max(obs.step_s))  # no price above 10x the largest step is explored
-    last_inside = int(np.flatnonzero(model.hats(obs.batch_tokens).max(axis=0) > 1e-9)[-1])
+    last_inside = int(knots_inside(model, obs.batch_tokens)[-1])
     context = np.array([float(np.median(obs.context_tokens))])
-    atol = 1e-4 * float(np.median(obs.step_s)) / max(float(obs.design(model).max()), 1.0)
     seen = list(existing.values())
     out: dict[str, Alternative] = {}
     for probe in probes(obs.num_requests, float(np.max(obs.batch_tokens)), draft_tokens):
         shape = (np.array([probe.num_requests]), np.array([probe.batch_tokens]), context,
                  np.array([float(probe.draft_tokens)]))
-        cheap = profile_range(problem, model.design(*shape, draft_cap=draft_cap)[0], fit, threshold, cap_s)[2]
-        dear = profile_range(problem, model.design(*shape)[0], fit, threshold, cap_s)[3]
+        dear_vec, cheap_vec = model.design(*shape)[0], model.design(*shape, draft_cap=draft_cap)[0]
+        dear = profile_range(problem, dear_vec, fit, threshold, cap_s)
+        # one range gives both ends unless the cheap end prices the drafter flat (another functional)
+        cheap = dear if np.array_equal(cheap_vec, dear_vec) else profile_range(problem, cheap_vec, fit, threshold,
+                                                                               cap_s)
+        cheap, dear = cheap[2], dear[3]
         beyond_cheap = curves_beyond_data(cheap, model, last_inside)
         beyond_dear = curves_beyond_data(dear, model, last_inside)
         ends = {"cheapest": Alternative(cheap if beyond_cheap is None else beyond_cheap[0], draft_cap),
                 "dearest": Alternative(dear if beyond_dear is None else beyond_dear[1])}
         for end, alternative in ends.items():
-            if not any(alternative.same_as(a, atol) for a in seen):
+            if not any(alternative.same_as(a, problem) for a in seen):
                 out[f"{probe.name}.{end}"] = alternative
                 seen.append(alternative)
     return out

@@ -163,8 +163,7 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
     num_smooth = max(model.num_dense - 2, 0)
     null_data, scale_data = null_space(problem.matrix[: problem.num_data + num_smooth])
     null_full, scale_full = null_space(problem.matrix)
-    hats_any = model.hats(problem.obs.batch_tokens).max(axis=0) > 1e-9  # a batch of 32.00000001 is the knot at 32
-    inside = np.flatnonzero(hats_any)
+    inside = knots_inside(model, problem.obs.batch_tokens)
     step_ref = float(np.median(problem.obs.step_s))
     threshold = fit.chi2 + delta_chi2
     beyond = curves_beyond_data(fit.theta, model, int(inside[-1]))
@@ -194,10 +193,22 @@ def identify(fit: Fit, delta_chi2: float = DELTA_CHI2) -> Identification:
         ranges.append(ParameterRange(name, best, low, high, status, reason, theta_low, theta_high,
                                      on_null >= NULL_LOADING))
     directions = [{model.names[i]: float(v) for i, v in enumerate(col) if abs(v) >= 0.05} for col in null_data.T]
-    alternatives = _alternatives(ranges, problem, step_ref)
+    alternatives = _alternatives(ranges, problem)
     if beyond is not None:
         alternatives.update(zip(BEYOND_DATA, beyond, strict=True))
     return Identification(ranges, directions, alternatives, delta_chi2)
+
+
+def knots_inside(model: CostModel, batch_tokens: np.ndarray) -> np.ndarray:
+    """Indices of the dense knots some run's batch touches (a batch of 32.00000001 is the knot at 32)."""
+    return np.flatnonzero(model.hats(batch_tokens).max(axis=0) > 1e-9)
+
+
+def same_fit(a: np.ndarray, b: np.ndarray, problem: Problem) -> bool:
+    """Whether two parameter vectors are the same fit: equal to 0.1%, or within what moves the median run's
+    step by 1e-4 of itself."""
+    atol = 1e-4 * float(np.median(problem.obs.step_s)) / max(float(problem.obs.design(problem.model).max()), 1.0)
+    return bool(np.allclose(a, b, rtol=1e-3, atol=atol))
 
 
 def curves_beyond_data(theta: np.ndarray, model: CostModel, last_inside: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -234,20 +245,18 @@ def _status(best: float, low: float, high: float, reach: float, step_ref: float,
     return "poorly identified", "the data bound it only widely"
 
 
-def _alternatives(ranges: list[ParameterRange], problem: Problem, step_ref: float) -> dict[str, np.ndarray]:
+def _alternatives(ranges: list[ParameterRange], problem: Problem) -> dict[str, np.ndarray]:
     """The end fits of the ranges that are not identified, widest effect first, scalar parameters before dense
     knots, fits that predict the same at every run dropped, at most MAX_ALTERNATIVES."""
     loose = [r for r in ranges if r.status in ("not identified", "poorly identified") and r.theta_low is not None]
     scalar = [r for r in loose if not r.dense]
     chosen = scalar if scalar else loose
     chosen.sort(key=lambda r: -(r.high - r.low) / max(abs(r.best), 1e-300))
-    design = problem.obs.design(problem.model)
     out: dict[str, np.ndarray] = {}
     for r in chosen:
         for end, theta in (("low", r.theta_low), ("high", r.theta_high)):
             assert theta is not None
-            if any(np.allclose(t, theta, rtol=1e-3, atol=1e-4 * step_ref / max(design.max(), 1.0))
-                   for t in out.values()):
+            if any(same_fit(t, theta, problem) for t in out.values()):
                 continue
             out[f"{r.name}.{end}"] = theta
             if len(out) >= MAX_ALTERNATIVES:
