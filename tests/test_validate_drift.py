@@ -62,6 +62,10 @@ def test_slice_intervals_are_student_t_over_the_slices_errors() -> None:
     drifted = slice_intervals(sims, reals, np.array([0.1, 0.0, 0.0]))
     assert drifted["throughput_slice_sd"] == pytest.approx(np.array([0.0, -0.05, 0.05]).std(ddof=1))
     assert np.isnan(slice_intervals(sims[:1], reals[:1])["throughput_ci"])
+    # a slice where no request finished has no tok/s/user (None in its summary): the other slices give the spread
+    idle = {"output_tokens_per_s": 50.0, "tokens_per_s_per_user": {"mean": None}}
+    out = slice_intervals([*sims, idle], [*reals, idle])
+    assert out["tpu_mean_slice_sd"] == pytest.approx(np.array([0.0, 0.1, 0.0]).std(ddof=1))
 
 
 def test_the_median_profiles_price_error_comes_from_the_passes_prices_of_the_same_steps() -> None:

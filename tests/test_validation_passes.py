@@ -4,6 +4,7 @@ command's checks on a run folder (its end-to-end run: the slow test_validation_c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import numpy as np
@@ -69,6 +70,23 @@ def test_passes_on_other_grids_or_an_unknown_rule_are_refused() -> None:
         ValidationConfig(combine_passes="average")
     assert parse_args(["--combine-passes", "trimmed"])[0].combine_passes == "trimmed"
     assert ValidationConfig().combine_passes == "trimmed" and set(COMBINE_RULES) == {"median", "trimmed", "mean"}
+
+
+def test_a_churn_cost_one_pass_fitted_as_none_counts_as_zero() -> None:
+    """A pass's loop fit sets a churn cost it finds negative to 0 and leaves the field out of the profile
+    (``LoopCosts.fold``): the passes then combine with 0 for it, not fail; any other field one pass lacks is named."""
+    def with_verify(**fields: float) -> object:
+        raw = copy.deepcopy(FIRST.raw)
+        raw["version"], raw["verify"] = 2, {**raw["verify"], **fields}
+        return profile_from_dict(raw)
+
+    combined = combine_passes([with_verify(join_s=3e-4, wake_s=1e-3), with_verify(wake_s=2e-3)], "mean")
+    assert combined.join_s == pytest.approx(1.5e-4) and combined.wake_s == pytest.approx(1.5e-3)
+    assert combined.leave_s == 0.0 and "leave_s" not in combined.raw["verify"]
+    lacking = copy.deepcopy(FIRST.raw)
+    del lacking["prefill"]["fixed_s"]
+    with pytest.raises(ValueError, match=r"profile.prefill.fixed_s is missing from pass\(es\) 3"):
+        combine_passes([FIRST, FIRST, dataclasses.replace(FIRST, raw=lacking)], "mean")
 
 
 def test_the_price_error_of_a_mean_is_the_passes_spread_over_sqrt_n() -> None:

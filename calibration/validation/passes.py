@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from simulator.costs import HardwareProfile, profile_from_dict
+from simulator.costs.schema import VERIFY_SECONDS
 
 COMBINE_RULES = ("median", "trimmed", "mean")
 DEFAULT_RULE = "trimmed"  # ValidationConfig.combine_passes' default (module docstring)
@@ -59,7 +60,15 @@ def combine_passes(passes: Sequence[HardwareProfile], rule: str = DEFAULT_RULE) 
     def combine(values: list[Any], where: str, key: str) -> Any:
         first = values[0]
         if isinstance(first, dict):
-            return {k: combine([v[k] for v in values], f"{where}.{k}", k) for k in first}
+            keys = list(dict.fromkeys(k for v in values for k in v))
+            if where == "profile.verify":  # a pass's fit may find no work for one of these: the field is left out
+                values = [{**{k: 0.0 for k in VERIFY_SECONDS if k in keys}, **v} for v in values]
+            for k in keys:
+                lacking = [i + 1 for i, v in enumerate(values) if k not in v]
+                if lacking:
+                    raise ValueError(f"profile passes differ: {where}.{k} is missing from pass(es) "
+                                     f"{', '.join(map(str, lacking))}")
+            return {k: combine([v[k] for v in values], f"{where}.{k}", k) for k in keys}
         if isinstance(first, list):
             if any(len(v) != len(first) for v in values):
                 raise ValueError(f"profile passes differ in the length of {where}")

@@ -89,12 +89,13 @@ def mean_context_tokens(slices: Sequence[Any]) -> float:
 
 
 def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
+    """The figure at ``path``; NaN where the summary has none (absent, or None: no request finished, no step ran)."""
     value: Any = summary
     for key in path:
         if key not in value:
             return float("nan")
         value = value[key]
-    return float(value)
+    return float("nan") if value is None else float(value)
 
 
 def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, Any],
@@ -133,13 +134,16 @@ def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, An
     """The spread of a point's error across its slices: for each bounded metric, the relative error of every slice
     (simulator slice k against real slice k: same seed, same requests; the real figure times ``1 + drifts[k]``
     when given) -> ``<metric>_slice_sd`` (their standard deviation) and ``<metric>_ci`` (half-width of a Student-t
-    ``level`` interval of their mean; NaN with one slice)."""
+    ``level`` interval of their mean; NaN with one slice). A slice without the figure in sim or real (a short slice
+    at long contexts where no request finished) has no error to spread: the others give it, NaN with fewer than two
+    (the point's own figure pools every slice's requests)."""
     out: dict[str, float] = {}
     scale = np.ones(len(reals)) if drifts is None else 1 + np.asarray(drifts)
     for name in TARGET_METRICS:
         path = METRICS[name][1]
         errors = np.array([_read(s, path) / (_read(r, path) * f) - 1
                            for s, r, f in zip(sims, reals, scale, strict=True)])
+        errors = errors[np.isfinite(errors)]
         n = errors.size
         sd = float(np.std(errors, ddof=1)) if n > 1 else float("nan")
         out[f"{name}_slice_sd"] = sd

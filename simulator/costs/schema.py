@@ -26,6 +26,8 @@ PROFILE_VERSION = 2  # the version this code writes; it reads READABLE_VERSIONS
 READABLE_VERSIONS = (1, 2)
 SOURCES = ("measured", "analytic", "fitted")
 KEY_PADDING = ("none", "longest")
+# verify's version-2 seconds per unit of work, each 0 when absent (_verify_seconds)
+VERIFY_SECONDS = ("decode_token_s", "draft_token_s", "join_s", "leave_s", "wake_s")
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # Top-level fields in the order a writer puts them; the version-2 ones are optional.
 FIELDS = ("format", "version", "metadata", "gpus_per_replica", "verify", "per_request", "attention", "cuda_graphs",
@@ -120,8 +122,7 @@ def _verify_seconds(verify: dict[str, Any], key: str, version: int, origin: str)
 
 def _verify(data: dict[str, Any], version: int, origin: str) -> tuple[Table1D, Table1D | None, float]:
     verify = f.block(data, "verify", origin)
-    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", "decode_token_s", "draft_token_s",
-                          "join_s", "leave_s", "wake_s"), "verify.", origin)
+    f.known_keys(verify, ("batch_tokens", "steps_per_s", "step_s", "padded_slot_s", *VERIFY_SECONDS), "verify.", origin)
     tokens = f.axis(f.get(verify, "batch_tokens", "verify.", origin), "verify.batch_tokens", origin)
     padded = f.number(verify.get("padded_slot_s", 0.0), "verify.padded_slot_s", origin, True)
     what = "verify SPS over batch_tokens"
