@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 
 import hydra
@@ -43,10 +44,12 @@ def prepare(cfg: DictConfig) -> SimulationSpec:
 
 def simulate_to(cfg: DictConfig, spec: SimulationSpec, out_dir: Path | None = None) -> Results:
     """Simulate ``spec``; write tables and summary into ``out_dir`` when given."""
+    started_s = time.perf_counter()
     with tqdm(total=spec.duration_s, unit="sim s", disable=not cfg.progress, leave=False,
               bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} sim s [{elapsed}]") as bar:
         results = simulate(spec, progress=lambda now: bar.update(now - bar.n))
-    results = with_intervals(spec, results)  # a fitted profile's alternatives: *_low / *_high in the summary
+    # a fitted profile's alternatives: *_low / *_high in the summary
+    results = with_intervals(spec, results, jobs=cfg.interval_jobs, central_s=time.perf_counter() - started_s)
     results = dataclasses.replace(results, summary={**results.summary, **provenance(cfg, spec)})
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -183,10 +183,14 @@ class RunConfig:
     warmup_s: float = 10.0
     progress: bool = True
     write_tables: bool = True
+    interval_jobs: int = -1  # processes for a fitted profile's alternatives (joblib; -1: one per CPU)
     drafter_by_policy: dict[str, str] | None = None  # presets: the drafter kind each policy runs with
 
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
+        if self.interval_jobs == 0 or self.interval_jobs < -1:
+            raise ConfigError(f"interval_jobs={self.interval_jobs}: a number of processes >= 1, or -1 for one per "
+                              "CPU")
         if self.duration_s is not None:
             _finite_above("duration_s", self.duration_s, 0.0)
         _finite_above("warmup_s", self.warmup_s, 0.0, inclusive=True)

@@ -60,6 +60,8 @@ def message_for(*overrides: str) -> str:
         (["seed=1.5"], "seed=1.5: must be an integer"),  # was silently truncated to 1
         (["seed=abc"], "seed=abc: must be an integer"),
         (["seed=-1"], "seed=-1: must be >= 0"),
+        (["interval_jobs=0"], "interval_jobs=0: a number of processes >= 1, or -1 for one per CPU"),
+        (["interval_jobs=-2"], "interval_jobs=-2: a number of processes"),
         (["traffic.num_users=8.5"], "traffic.num_users=8.5: must be an integer"),
         (["traffic.num_users=0"], "traffic.num_users must be >= 1, got 0"),
         (["drafter.gamma=-1"], "drafter.gamma=-1: must be >= 0"),

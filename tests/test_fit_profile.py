@@ -406,6 +406,7 @@ def test_interval_is_carried_into_the_summary():
                                               max_output_tokens=256, max_prompt_tokens=2048),
                           duration_s=3.0, warmup_s=0.5, seed=7)
     summary = with_intervals(spec, simulate(spec)).summary
+    assert with_intervals(spec, simulate(spec), jobs=2).summary == summary  # the same figures in two processes
     low, high = summary["output_tokens_per_s_low"], summary["output_tokens_per_s_high"]
     assert low <= summary["output_tokens_per_s"] <= high and high > 1.1 * low
     assert summary["tokens_per_s_per_user_low"]["mean"] < summary["tokens_per_s_per_user_high"]["mean"]

@@ -88,8 +88,7 @@ def mean_context_tokens(slices: Sequence[Any]) -> float:
     return float(both["context_tokens"].sum() / both["num_requests"].sum())
 
 
-def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
-    """The figure at ``path``; NaN where the summary has none (absent, or None: no request finished, no step ran)."""
+def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:  # NaN where absent or None (no value)
     value: Any = summary
     for key in path:
         if key not in value:
@@ -134,9 +133,8 @@ def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, An
     """The spread of a point's error across its slices: for each bounded metric, the relative error of every slice
     (simulator slice k against real slice k: same seed, same requests; the real figure times ``1 + drifts[k]``
     when given) -> ``<metric>_slice_sd`` (their standard deviation) and ``<metric>_ci`` (half-width of a Student-t
-    ``level`` interval of their mean; NaN with one slice). A slice without the figure in sim or real (a short slice
-    at long contexts where no request finished) has no error to spread: the others give it, NaN with fewer than two
-    (the point's own figure pools every slice's requests)."""
+    ``level`` interval of their mean; NaN with one slice). A slice without the figure (no request finished in it)
+    leaves the spread to the others; the point's own figure pools every slice's requests."""
     out: dict[str, float] = {}
     scale = np.ones(len(reals)) if drifts is None else 1 + np.asarray(drifts)
     for name in TARGET_METRICS:

@@ -35,5 +35,5 @@ print(f"ray cluster: {len(alive)} nodes, {ray.cluster_resources().get('CPU', 0):
 PY
 python -m experiments.run -m hydra/launcher=ray "hydra.launcher.ray.init.address=127.0.0.1:$port" \
     +hydra.launcher.ray.init.object_store_memory=null +hydra.launcher.ray.remote.num_cpus=1 \
-    "hydra.sweep.dir=$sweep_dir" progress=false write_tables=false "$@"
+    "hydra.sweep.dir=$sweep_dir" progress=false write_tables=false interval_jobs=1 "$@"
 echo "summaries: $(ls "$sweep_dir"/*/summary.json | wc -l) in $sweep_dir"
