@@ -84,8 +84,9 @@ def with_intervals(spec: SimulationSpec, results: Results, run: Callable[[Simula
                    jobs: int = 1, central_s: float | None = None) -> Results:
     """``results`` of ``spec`` with ``*_low`` / ``*_high`` over the profile's alternatives (unchanged without),
     simulated ``jobs`` at a time (joblib processes; -1: one per CPU). They run one after another in this process
-    instead inside a job of a parallel sweep (Hydra's joblib launcher: its processes already fill the CPUs) and
-    when ``central_s`` (the wall seconds ``results`` took) times their number is below :data:`PROCESSES_FROM_S`.
+    instead when ``central_s`` (the wall seconds ``results`` took) times their number is below
+    :data:`PROCESSES_FROM_S`, and inside a job of a parallel sweep (Hydra's joblib launcher: its processes already
+    fill the CPUs).
     The same figures either way: each simulation is seeded by its spec."""
     alternatives = alternative_profiles(spec.profile)
     if not alternatives:

@@ -47,7 +47,7 @@ from calibration.fitting.pipeline import FitConfig, FitReport, fit_runs
 from calibration.fitting.readers import read_results
 from calibration.fitting.report import full_report
 from calibration.fitting.runs import StepEstimate
-from calibration.validation.report import METRICS, point_row, pooled_summary
+from calibration.validation.report import METRICS, point_row, pooled_summary, read_figure
 from calibration.validation.setup import ValidationConfig, simulate_slice, simulator_setup
 from calibration.validation.validate import parse_args, run_validation, write_outputs
 from policies import make_policy
@@ -139,7 +139,7 @@ def _row(point: tuple[str, int], central: dict[str, Any], alternatives: dict[str
     row["role"] = "fitted from" if name in FIT_POLICIES else "held out"
     for metric, path in (("throughput", ("output_tokens_per_s",)), ("tpu_mean", ("tokens_per_s_per_user", "mean"))):
         names = ["central", *alternatives]
-        values = np.array([row[f"{metric}_sim"]] + [_read(a, path) for a in alternatives.values()])
+        values = np.array([row[f"{metric}_sim"]] + [read_figure(a, path) for a in alternatives.values()])
         missing = bool(np.isnan(values).any())  # a run too short to finish a request has no tok/s/user
         low, high = (np.nan, np.nan) if missing else (float(values.min()), float(values.max()))
         if not missing:
@@ -149,13 +149,6 @@ def _row(point: tuple[str, int], central: dict[str, Any], alternatives: dict[str
         row[f"{metric}_covered"] = bool(low <= real_value <= high)
         row[f"{metric}_pass"] = bool(abs(row[f"{metric}_err"]) <= WITHIN or row[f"{metric}_covered"])
     return row
-
-
-def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:
-    value: Any = summary
-    for key in path:
-        value = value[key]
-    return float("nan") if value is None else float(value)
 
 
 def analyse(out: Path, step: StepEstimate, created: str, progress: Callable[[str], None],

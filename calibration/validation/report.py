@@ -88,7 +88,7 @@ def mean_context_tokens(slices: Sequence[Any]) -> float:
     return float(both["context_tokens"].sum() / both["num_requests"].sum())
 
 
-def _read(summary: dict[str, Any], path: tuple[str, ...]) -> float:  # NaN where absent or None (no value)
+def read_figure(summary: dict[str, Any], path: tuple[str, ...]) -> float:  # NaN where absent or None (no value)
     value: Any = summary
     for key in path:
         if key not in value:
@@ -111,7 +111,7 @@ def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, 
                            "real_cpu_fraction": real.get("cpu_fraction", float("nan")),
                            "machine_drift": machine_drift}
     for name, (_, path, scale) in METRICS.items():
-        s, r = _read(sim, path) * scale, _read(real, path) * scale
+        s, r = read_figure(sim, path) * scale, read_figure(real, path) * scale
         row[f"{name}_sim"], row[f"{name}_real"] = s, r
         row[f"{name}_err"] = (s - r) / r if r else float("nan")
     return row
@@ -139,7 +139,7 @@ def slice_intervals(sims: Sequence[dict[str, Any]], reals: Sequence[dict[str, An
     scale = np.ones(len(reals)) if drifts is None else 1 + np.asarray(drifts)
     for name in TARGET_METRICS:
         path = METRICS[name][1]
-        errors = np.array([_read(s, path) / (_read(r, path) * f) - 1
+        errors = np.array([read_figure(s, path) / (read_figure(r, path) * f) - 1
                            for s, r, f in zip(sims, reals, scale, strict=True)])
         errors = errors[np.isfinite(errors)]
         n = errors.size
