@@ -4,6 +4,7 @@ while the profile passes disagree (the end-to-end run with it: the slow test at 
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from calibration.validation import rounds
 from calibration.validation.recombine import main as recombine_main
-from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE
+from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE, MachineNotSteady
 from calibration.validation.setup import ValidationConfig
 from calibration.validation.validate import main, parse_args
 from simulator.costs import load_profile
@@ -82,6 +83,38 @@ def test_without_max_rounds_a_run_serves_exactly_its_rounds(monkeypatch) -> None
                                                                description="none"),
                                           [("mtp1", 1)], lambda: 1.0, lines.append)
     assert len(passes) == 3 and len(reals[("mtp1", 1)]) == 3 and not any("one more" in line for line in lines)
+
+
+def test_passes_that_the_remaining_rounds_cannot_bring_together_are_named() -> None:
+    """The long run of 2026-12-05 at 18:46: 8.99% after two passes of at most four would still be 6.36% at four,
+    above twice the steady bound (5.01%); 4% would come to 2.83%, which more rounds may still bring down."""
+    line = rounds.hopeless_passes(0.0899, 2, 4)
+    assert line is not None and "mean standard error of 8.99%; at the 4 passes the run may reach, the same spread " \
+        "would still leave 6.36%, more than 2 times the steady bound (2.51%)" in line
+    assert rounds.hopeless_passes(0.04, 2, 4) is None
+    assert rounds.hopeless_passes(float("nan"), 2, 4) is None
+    bound = rounds.STOP_PRICE_SE_FACTOR * STEADY_MAX_PROFILE_PRICE_SE
+    assert rounds.hopeless_passes(bound * 1.001, 3, 3) is not None and rounds.hopeless_passes(bound, 3, 3) is None
+
+
+@pytest.mark.parametrize(("price_ses", "stopped_after"), [
+    ([0.0899], 2),  # hopeless after the second round: stops before max_rounds would add a third
+    ([0.04, 0.04], None),  # wide, but not beyond mending: max_rounds adds rounds up to its 4, the last reported
+])
+def test_stop_when_unsteady_stops_passes_beyond_mending(monkeypatch, price_ses: list[float],
+                                                         stopped_after: int | None) -> None:
+    lines = _fake_rounds(monkeypatch, price_ses)
+    cfg = ValidationConfig(users=(1,), policies=("mtp1",), rounds=2, max_rounds=4, stop_when_unsteady=True)
+    measure = partial(rounds.measure_rounds, cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
+                                                                  description="none"),
+                      [("mtp1", 1)], lambda: 1.0, lines.append)
+    if stopped_after is None:
+        passes, _ = measure()
+        assert len(passes) == 4
+        return
+    with pytest.raises(MachineNotSteady, match=rf"stopped after round {stopped_after}/2 \(--stop-when-unsteady\): "
+                                               r"the 2 profile passes .* 8\.99%.* 6\.36%"):
+        measure()
 
 
 @pytest.mark.slow  # ~60 s: acceptance logs, three profile passes and three rounds of real slices

@@ -10,7 +10,9 @@ With ``max_rounds``, a run goes on past ``rounds`` while its passes still disagr
 real steps (:func:`~calibration.validation.points.run_price_se` above
 :data:`~calibration.validation.report.STEADY_MAX_PROFILE_PRICE_SE`, the bound above which the report calls the
 machine not steady): each extra round adds a pass, whose spread shrinks as one over the square root of their
-number, and a slice of every point, of the same length.
+number, and a slice of every point, of the same length. With ``stop_when_unsteady`` a run stops after a round
+once its slices decide a ``MACHINE NOT STEADY`` report, or once its passes disagree beyond what its remaining rounds
+can mend (:func:`hopeless_passes`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from calibration.serving.loop import ServingModels, ServingSpec, serve
@@ -36,6 +39,12 @@ from simulator.costs import HardwareProfile
 # speed meter's mean canary reading inside it, its standard error and count (--drift-measure meter; else NaN, NaN, 0).
 PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s", "meter_s", "meter_se_s",
                  "meter_readings")
+
+# --stop-when-unsteady also stops a run whose profile passes disagree beyond what its remaining rounds can mend:
+# their price standard error shrinks as one over the square root of the number of passes, so if their spread held,
+# the most passes the run may reach would still leave ``se * sqrt(passes / most)``; above this many times the steady
+# bound the run stops (the factor leaves room for a spread read from two or three passes, which is itself loose).
+STOP_PRICE_SE_FACTOR = 2.0
 
 
 def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]],
@@ -91,19 +100,45 @@ def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str
             reals[(name, users)].append(measured(("slice", name, users, round_idx),
                                                  partial(serve, spec, serving_models)))
         round_idx += 1
-        probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
-        line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx,
-                                        most_rounds=max(planned, cfg.max_rounds or planned))
-        progress(line)
-        if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
-            raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}",
-                                   probes)
-        if round_idx == planned and planned < (cfg.max_rounds or 0):
-            price_se = run_price_se(cfg, reals, passes)
-            if not price_se <= STEADY_MAX_PROFILE_PRICE_SE:  # NaN (one pass) tells nothing: one more as well
-                planned += 1
-                spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
-                          f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
-                          f"of {100 * price_se:.2f}% (steady: at most {100 * STEADY_MAX_PROFILE_PRICE_SE:.2f}%)")
-                progress(f"{spread}: one more round, {planned} of at most {cfg.max_rounds}")
+        planned = _after_round(cfg, log, reals, passes, round_idx, planned, progress)
     return passes, reals
+
+
+def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[tuple[str, int], list[Any]],
+                 passes: list[HardwareProfile], round_idx: int, planned: int, progress: Callable[[str], None]) -> int:
+    """Say how the slices so far drifted; stop the run (``--stop-when-unsteady``: slices that decide the verdict, or
+    passes that cannot agree, :func:`hopeless_passes`) or add a round (``--max-rounds``: passes that disagree).
+    Returns the rounds now planned."""
+    probes = pd.DataFrame(log, columns=list(PROBE_COLUMNS))
+    most = max(planned, cfg.max_rounds or planned)
+    line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx,
+                                    most_rounds=most)
+    progress(line)
+    if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
+        raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}", probes)
+    extend = round_idx == planned < (cfg.max_rounds or 0)
+    stop_on_price = cfg.stop_when_unsteady and round_idx < most and len(passes) >= 2
+    price_se = run_price_se(cfg, reals, passes) if extend or stop_on_price else float("nan")
+    hopeless = hopeless_passes(price_se, len(passes), most) if stop_on_price else None
+    if hopeless is not None:
+        raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {hopeless}",
+                               probes)
+    if extend and not price_se <= STEADY_MAX_PROFILE_PRICE_SE:  # NaN (one pass) tells nothing: one more as well
+        planned += 1
+        spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
+                  f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
+                  f"of {100 * price_se:.2f}% (steady: at most {100 * STEADY_MAX_PROFILE_PRICE_SE:.2f}%)")
+        progress(f"{spread}: one more round, {planned} of at most {cfg.max_rounds}")
+    return planned
+
+
+def hopeless_passes(price_se: float, num_passes: int, most_passes: int) -> str | None:
+    """Why the profile passes so far cannot come to agree within the run (:data:`STOP_PRICE_SE_FACTOR`), or None.
+    ``price_se``: their mean price standard error now (:func:`~calibration.validation.points.run_price_se`)."""
+    reachable = price_se * float(np.sqrt(num_passes / most_passes))
+    if not reachable > STOP_PRICE_SE_FACTOR * STEADY_MAX_PROFILE_PRICE_SE:  # NaN: nothing to tell
+        return None
+    return (f"the {num_passes} profile passes price the points' real steps with a mean standard error of "
+            f"{100 * price_se:.2f}%; at the {most_passes} passes the run may reach, the same spread would still "
+            f"leave {100 * reachable:.2f}%, more than {STOP_PRICE_SE_FACTOR:g} times the steady bound "
+            f"({100 * STEADY_MAX_PROFILE_PRICE_SE:.2f}%): MACHINE NOT STEADY, the machine is unsteady now")

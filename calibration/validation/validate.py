@@ -304,8 +304,10 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
                    help="how the profile passes make the simulator's profile (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
                    help="stop (exit code 3) after a round once its drifted slices make a MACHINE NOT STEADY report "
-                        "certain, whatever the later profile passes read; probes.csv keeps the timings so far (after "
-                        "the last round nothing is left to save: the run reports, under that verdict)")
+                        "certain, whatever the later profile passes read, or once the profile passes disagree so "
+                        "much that the rounds left cannot bring them within twice the steady bound; probes.csv keeps "
+                        "the timings so far (after the last round nothing is left to save: the run reports, under "
+                        "that verdict)")
     p.add_argument("--nice", type=int, default=None,
                    help="scheduling priority while measuring, e.g. -15 on a shared machine (needs root)")
     p.add_argument("--out", type=Path, default=Path("outputs/validation"), help="output directory")
