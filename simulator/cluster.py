@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import simpy
@@ -68,7 +69,9 @@ class Cluster:
                          token_budget=spec.cluster.token_budget(spec.profile.token_budget))
             for i in range(spec.cluster.num_decode_engines)
         ]
-        self.prefill = PrefillPool(self.env, spec.cluster.num_prefill_instances, spec.profile.prefill_s,
+        drafting = spec.policy.draft_tokens(spec.drafter.gamma) > 0  # else no drafter pass over the prompt
+        self.prefill = PrefillPool(self.env, spec.cluster.num_prefill_instances,
+                                   partial(spec.profile.prefill_s, drafting=drafting),
                                    self._prefill_started, self._prefilled)
         self._next_engine = 0
         self.num_expected: int | None = None  # open loop: requests that must finish

@@ -70,9 +70,9 @@ def _loop_run(full_for: type | None, calls: list[float]):
 
 
 @pytest.mark.parametrize(("full_for", "missing"), [
-    (None, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'varlen-probe')]"),
+    (None, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'varlen-probe'), (4, 'none')]"),
     # the variable-length probe's steps do not stand in for mtp3's draft factor (they once left it NaN)
-    (loop_costs.VariableLength, "[(4, 'mtp1'), (4, 'mtp3')]"),
+    (loop_costs.VariableLength, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'none')]"),
 ])
 def test_a_loop_cost_probe_never_full_runs_longer_then_names_what_is_missing(monkeypatch, default_profile, full_for,
                                                                              missing):
@@ -83,7 +83,7 @@ def test_a_loop_cost_probe_never_full_runs_longer_then_names_what_is_missing(mon
         loop_costs.measure_loop_costs(VERIFIER, DRAFTER, 3, (4,), default_profile, LENGTHS, duration_s=0.8,
                                       warmup_s=0.2)
     ran_full = 1 if full_for is not None else 0  # the variable-length probe stops at its first run when full
-    assert len(calls) == 3 * 3 - 2 * ran_full
+    assert len(calls) == 4 * 3 - 2 * ran_full  # four probes: mtp1, mtp3, variable length, none
     assert calls[:3] == pytest.approx([1.6 * k - 0.2 for k in (1, 2, 4)])
 
 

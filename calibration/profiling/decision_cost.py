@@ -3,7 +3,7 @@
 :func:`measure_scheduler` gives the profile's ``scheduler`` fields (``fixed_s + per_candidate_s * R * g``) for a
 policy; :func:`calibration.profiling.loop_costs.with_loop_costs` calls it for mtp (the loop probe's own decision)
 and for each validated policy, before the policy's own steps in the loop replace the figure
-(:mod:`calibration.profiling.policy_steps`).
+(:mod:`calibration.profiling.policy_steps`); :func:`isolated_decisions` does that for a profile's policies.
 """
 
 from __future__ import annotations
@@ -11,12 +11,20 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import torch
 
+from calibration.models.drafters import Drafter
+from calibration.models.model import Verifier
+from calibration.profiling.calls import draft_call, verify_call
+from policies import make_policy
 from policies.base import CostCurve, Policy
 from policies.driver import CostSource, PolicyMemory
 from policies.greedy import Greedy
+from simulator.costs import profile_from_dict
+from traces.synthetic import LengthSpec
 
 
 def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tokens: tuple[int, ...],
@@ -64,3 +72,43 @@ def measure_scheduler(cost: CostSource, num_requests: tuple[int, ...], draft_tok
         raise ValueError(f"measure_scheduler({policy.name}) needs >= 2 (R, g) points inside the cost table")
     slope, intercept = np.polyfit(np.array(xs, dtype=float), np.array(ys), 1)
     return max(float(intercept), 0.0), max(float(slope), 0.0)
+
+
+def isolated_decisions(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int, lengths: LengthSpec,
+                       seed: int, policies: tuple[str, ...], on_point: Callable[[str], None]) -> dict[str, dict]:
+    """Each policy's decision timed between a drafter pass and a forward, less mtp's (the loop probe's own, already
+    in its host residual): ``{name: {fixed_s, per_candidate_s}}`` for mtp (0), greedy and ``policies``."""
+    gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
+    reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
+    context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
+    device = next(drafter.parameters()).device
+    gen = torch.Generator(device).manual_seed(seed)
+    drafter_pass = draft_call(drafter, context, device, gen, 1, gamma)()
+
+    def forward(r: int, g: int) -> Callable[[], object]:
+        run = verify_call(model, model, device, gen, r * (1 + g), [1 + g] * r, context)()
+        return lambda: _no_grad(run)
+
+    cost = profile_from_dict(profile).cost_curve
+    rng = np.random.default_rng(seed)
+    # The loop probe below runs mtp: its decisions' cost is already in the host residual it measures.
+    on_point("scheduler (mtp decision, the probe's own)")
+    probe_fixed_s, probe_per_candidate_s = measure_scheduler(cost, reqs, tuple(gammas), rng, make_policy("mtp1"),
+                                                             drafter_pass, forward, repeats=30)
+
+    def net(fit: tuple[float, float]) -> dict[str, float]:
+        return {"fixed_s": max(fit[0] - probe_fixed_s, 0.0), "per_candidate_s": max(fit[1] - probe_per_candidate_s,
+                                                                                      0.0)}
+    by_policy = {"mtp": {"fixed_s": 0.0, "per_candidate_s": 0.0}}
+    for name in ("greedy", *policies):  # greedy's fit is also the default for policies without an entry
+        policy = make_policy(name)
+        if policy.draft_tokens(gamma) > 0 and policy.name not in by_policy:
+            on_point(f"scheduler ({name} decision)")
+            by_policy[policy.name] = net(measure_scheduler(cost, reqs, tuple(gammas), rng, policy, drafter_pass,
+                                                           forward, repeats=30))
+    return by_policy
+
+
+@torch.inference_mode()
+def _no_grad(run: Callable[[], object]) -> object:
+    return run()

@@ -31,6 +31,8 @@ would leave out):
   joined and finished requests, 1 after a sleep), by least squares over every step
   (:func:`calibration.profiling.residual_fit.churn_fit`);
 * ``prefill_factor``: in-loop prefill seconds / the profile's ``prefill_s``, summed;
+* the same loop without speculation (``none``: no drafter in the step or the prefill), whose steps get their own
+  intercept under the same line and whose prefills their own factor (:mod:`calibration.profiling.plain_steps`);
 * for reports, the host part alone (cycle minus in-loop drafter and forward
   seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
 * for reports, ``probe_misfit``: how far that shared line misses each probe's own
@@ -43,9 +45,10 @@ token: into ``verify.decode_token_s`` of a version-2 profile, which the engine
 charges on a step's decode tokens only (a prefill chunk's tokens get no softmax
 rows or rejection sampling), as ``1/SPS(B) += c B`` into the dense table of a
 version-1 profile (no such field: every batch token pays, chunk tokens too); the
-churn terms into ``verify.join_s``, ``leave_s`` and ``wake_s`` (version 2 only). The
-isolated tables stay in ``metadata.forward_only``; ``metadata.loop_costs.folded``
-says which form was used.
+churn terms into ``verify.join_s``, ``leave_s`` and ``wake_s`` (version 2 only); ``per_request(R)`` takes the
+``none`` steps' intercept and every draft entry the gap to ``a_R``, and ``prefill.draft_share`` the drafter's share
+of a prefill (:func:`~calibration.profiling.plain_steps.fold_plain`). The isolated tables stay in
+``metadata.forward_only``; ``metadata.loop_costs.folded`` says which form was used.
 
 :func:`calibration.profiling.decision_cost.measure_scheduler` times ``policies.Greedy.decide`` (a synchronous policy)
 over (R, gamma) and fits the profile's ``scheduler`` fields
@@ -64,14 +67,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-import torch
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.profiling.calls import draft_call, verify_call
-from calibration.profiling.decision_cost import measure_scheduler
+from calibration.profiling.decision_cost import isolated_decisions
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
 from calibration.profiling.mixed_steps import measure_mixed_steps
+from calibration.profiling.plain_steps import PLAIN_POLICY, draft_share, fold_plain, plain_per_request_s
 from calibration.profiling.policy_steps import (
     PROBE_SEED_OFFSET,
     PROBE_STRETCHES,
@@ -132,6 +134,10 @@ class LoopCosts:
     join_s: float = 0.0
     leave_s: float = 0.0
     wake_s: float = 0.0  # the first step after the loop slept (version 2 only)
+    # The none probe (calibration.profiling.plain_steps): [NR] a_R of its steps (empty: not probed) and its
+    # prefills' in-loop / isolated seconds (None: not probed).
+    plain_per_request_s: tuple[float, ...] = ()
+    plain_prefill_factor: float | None = None
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -156,7 +162,9 @@ class LoopCosts:
             step_s = step_s + self.extra_per_batch_token_s * tokens
         per_request = out.get("per_request") or {"num_requests": [1, 1024], "step_s": [0.0, 0.0]}
         reqs = np.array(per_request["num_requests"], dtype=float)
-        extra = np.interp(reqs, np.array(self.num_requests, float), np.array(self.extra_per_request_s))
+        plain = bool(self.plain_per_request_s)  # a step that drafts nothing is priced by the none probe's a_R
+        extra = np.interp(reqs, np.array(self.num_requests, float),
+                          np.array(self.plain_per_request_s if plain else self.extra_per_request_s))
         meta = out["metadata"]
         meta["forward_only"] = {"verify": verify, "per_request": out.get("per_request"), "draft": out["draft"],
                                 "prefill": dict(out["prefill"])}
@@ -168,7 +176,10 @@ class LoopCosts:
                                            "1/SPS(B) += extra_per_batch_token_s * B")
                                         + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s"
                                            if per_decode_token else "")
-                                        + "; per_request(R) += extra_per_request_s(R) (clipped at 0)"}
+                                        + ("; per_request(R) += plain_per_request_s(R) (clipped at 0); draft(R, g) "
+                                           "+= extra_per_request_s(R) - plain_per_request_s(R); prefill.draft_share "
+                                           "= 1 - plain_prefill_factor / prefill_factor (at least 0)" if plain else
+                                           "; per_request(R) += extra_per_request_s(R) (clipped at 0)")}
         out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s,
                           **({k: v for k, v in churn.items() if v})}
                          if per_decode_token else {**verify, "steps_per_s": (1.0 / step_s).tolist()})
@@ -188,6 +199,11 @@ class LoopCosts:
             factor = self.draft_factor_at(np.array(table["num_requests"], float),
                                           np.array(table["draft_tokens"], float))
             table["latency_s"] = (factor * np.array(table["latency_s"])).tolist()
+        if plain:
+            share, meta["loop_costs"]["draft_share_measured"] = draft_share(self.prefill_factor,
+                                                                            float(self.plain_prefill_factor))
+            fold_plain(out, self.num_requests, tuple(np.subtract(self.extra_per_request_s,
+                                                                 self.plain_per_request_s)), share)
         return out
 
 
@@ -211,8 +227,10 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # mtp1 and mtp<gamma>: the draft factor at both draft lengths; VariableLength: steps whose verification lengths
     # differ between requests and change from step to step (padding, shapes the forward did not just run), as a
     # dynamic policy's do, without any dynamic policy's decisions.
-    probes = [(make_policy(f"mtp{k}"), k) for k in gammas] + [(VariableLength(), gamma)]
-    frames, prefill_s, prefill_iso_s = [], [], []
+    # none: a step and a prefill without a drafter (calibration.profiling.plain_steps).
+    probes = [(make_policy(f"mtp{k}"), k) for k in gammas] + [(VariableLength(), gamma),
+                                                               (make_policy(PLAIN_POLICY), 0)]
+    frames, prefills = [], []  # prefills: (in-loop seconds, isolated seconds, drafts nothing) of each probe's
     for r in probed:
         # The r users' first prefills go one after the other: the decode clock waits for them before the batch is
         # full (long prompts make that a large part of a short probe), so the probe runs that much longer.
@@ -225,14 +243,15 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
                 duration_s=probe_duration_s(duration_s, r) + ramp_s, warmup_s=warmup_s + ramp_s),
                 probe_duration_s(duration_s, r))
             done = result.requests.dropna(subset=["first_token_at"])
-            prefill_s.append((done["first_token_at"] - done["prefill_start_at"]).to_numpy())
-            prefill_iso_s.append(isolated.prefill_s(done["prompt_tokens"].to_numpy()))
+            prefills.append(((done["first_token_at"] - done["prefill_start_at"]).sum(),
+                             isolated.prefill_s(done["prompt_tokens"].to_numpy()).sum(), k == 0))
             # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is
             # prefilled again; those would price R = r with a smaller batch's costs.
             frames.append(full_batch_cycles(result.steps, warmup_s + ramp_s, r).assign(
                 draft_tokens=k, users=r, static=not isinstance(policy, VariableLength)))
     s = pd.concat(frames, ignore_index=True)
     _check_full_batches(s, probed, probes)
+    plain_steps = s["draft_tokens"] == 0
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
                                          s["max_context_tokens"], strict=True)])
@@ -243,6 +262,7 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     s = s.assign(iso_draft_s=iso_draft,
                  residual_s=s["cycle_s"] - s["draft_s"] - iso_verify,  # what the isolated verify table misses
                  host_s_cycle=s["cycle_s"] - s["draft_s"] - s["verify_s"])
+    s, plain = s[~plain_steps.to_numpy()], s[plain_steps.to_numpy()]
     # Means, not medians: throughput is tokens over the *sum* of step times, and on a CPU the step times have a
     # right tail (steps that run up to 2x slower in every part - drafter, forward, host - while another job shares
     # the core); a median leaves it out and prices every step as a typical one.
@@ -252,17 +272,19 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     line = churn_fit(s, probed, churn=isolated.version >= 2)
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
-    prefill_factor = float(np.concatenate(prefill_s).sum() / np.concatenate(prefill_iso_s).sum())
-    return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factor,
+    in_loop_s, iso_s, none_prefill = (np.array(column) for column in zip(*prefills, strict=True))
+    prefill_factors = [float(in_loop_s[of].sum() / iso_s[of].sum()) for of in (~none_prefill, none_prefill)]
+    return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factors[0],
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
-                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s, line.wake_s)
+                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s, line.wake_s,
+                     plain_per_request_s(plain, line, probed), prefill_factors[1])
 
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
-    """Every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs
+    """Every static probe (the draft factor at R, g), the variable-length one (the residual at R) and none needs
     full-batch ``steps`` (columns users, draft_tokens, static) at every probed R; a ValueError names those without."""
     ran = set(zip(steps["users"], steps["draft_tokens"], steps["static"], strict=True))
-    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
+    missing = [(r, policy.name if isinstance(policy, VariableLength) or k == 0 else f"mtp{k}") for r in probed
                for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
@@ -277,41 +299,6 @@ def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int,
         return 0.0
     context = max_context_tokens if profile.key_padding == "longest" else context_tokens / num_requests
     return profile.attention_s(np.full(num_requests, float(context)), 1 + draft_tokens)
-
-
-def _isolated_decisions(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int, lengths: LengthSpec,
-                        seed: int, policies: tuple[str, ...], on_point: Callable[[str], None]) -> dict[str, dict]:
-    """Each policy's decision timed between a drafter pass and a forward, less mtp's (the loop probe's own, already
-    in its host residual): ``{name: {fixed_s, per_candidate_s}}`` for mtp (0), greedy and ``policies``."""
-    gammas = sorted({g for g in profile["draft"][drafter.kind]["draft_tokens"] if g > 1} | {gamma})
-    reqs = tuple(profile["draft"][drafter.kind]["num_requests"])
-    context = lengths.prompt_median_tokens + lengths.output_median_tokens // 2
-    device = next(drafter.parameters()).device
-    gen = torch.Generator(device).manual_seed(seed)
-    drafter_pass = draft_call(drafter, context, device, gen, 1, gamma)()
-
-    def forward(r: int, g: int) -> Callable[[], object]:
-        run = verify_call(model, model, device, gen, r * (1 + g), [1 + g] * r, context)()
-        return lambda: _no_grad(run)
-
-    cost = profile_from_dict(profile).cost_curve
-    rng = np.random.default_rng(seed)
-    # The loop probe below runs mtp: its decisions' cost is already in the host residual it measures.
-    on_point("scheduler (mtp decision, the probe's own)")
-    probe_fixed_s, probe_per_candidate_s = measure_scheduler(cost, reqs, tuple(gammas), rng, make_policy("mtp1"),
-                                                             drafter_pass, forward, repeats=30)
-
-    def net(fit: tuple[float, float]) -> dict[str, float]:
-        return {"fixed_s": max(fit[0] - probe_fixed_s, 0.0), "per_candidate_s": max(fit[1] - probe_per_candidate_s,
-                                                                                      0.0)}
-    by_policy = {"mtp": {"fixed_s": 0.0, "per_candidate_s": 0.0}}
-    for name in ("greedy", *policies):  # greedy's fit is also the default for policies without an entry
-        policy = make_policy(name)
-        if policy.draft_tokens(gamma) > 0 and policy.name not in by_policy:
-            on_point(f"scheduler ({name} decision)")
-            by_policy[policy.name] = net(measure_scheduler(cost, reqs, tuple(gammas), rng, policy, drafter_pass,
-                                                           forward, repeats=30))
-    return by_policy
 
 
 def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,
@@ -333,7 +320,7 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
     with chunks beside decoding requests are probed too and their excess written as ``prefill.mixed_step``
     (:func:`calibration.profiling.mixed_steps.measure_mixed_steps`).
     """
-    by_policy = _isolated_decisions(profile, model, drafter, gamma, lengths, seed, policies, on_point)
+    by_policy = isolated_decisions(profile, model, drafter, gamma, lengths, seed, policies, on_point)
     default = by_policy["greedy"]
     on_point("serving-loop prefill")
     prefill_fixed_s, prefill_tokens_per_s = measure_prefill(model, drafter, gamma, prefill_tokens,
@@ -388,8 +375,3 @@ SCHEDULER_SOURCE = (
     f"seed + {PROBE_SEED_OFFSET}); the isolated decision timings in metadata.isolated_decisions. Default and "
     "other policies: a decision's marginal cost between a drafter pass and a verifier forward, minus mtp's "
     "(already in the loop costs); mtp: 0. inline: the serving loop decides on the critical path")
-
-
-@torch.inference_mode()
-def _no_grad(run: Callable[[], object]) -> object:
-    return run()

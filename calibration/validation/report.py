@@ -35,7 +35,6 @@ METRICS: dict[str, tuple[str, tuple[str, ...], float]] = {
 }
 TARGET_METRICS = ("throughput", "tpu_mean")  # the metrics the validation bounds
 
-
 # Summary figures that count arrivals or the queue at the end of a run: windows laid end to end have neither.
 ARRIVAL_FIGURES = ("num_requests_arrived", "num_requests_arrived_in_run", "num_unfinished_at_end",
                    "num_waiting_prefill_at_end", "num_prefilling_at_end", "num_waiting_decode_at_end",
@@ -261,21 +260,22 @@ def machine_verdict(table: pd.DataFrame) -> str | None:
 
 def loop_costs_line(profile: HardwareProfile) -> str:
     """The report's line on the serving-loop costs the profile holds (``metadata.loop_costs``)."""
-    loop = profile.metadata.get("loop_costs", {})
+    loop, nan = profile.metadata.get("loop_costs", {}), float("nan")
     reqs, gammas = loop.get("num_requests", []), loop.get("draft_tokens", [])
-    factors = "; ".join(f"R={r}: " + "/".join(f"x{f:.2f}" for f in row)
-                        for r, row in zip(reqs, loop.get("draft_factor", []), strict=False))
-    extras = ", ".join(f"R={r}: {1e3 * e:+.2f} ms" for r, e in zip(reqs, loop.get("extra_per_request_s", []),
-                                                                   strict=False))
-    return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) {factors}; "
-            f"step residual {extras} + {1e6 * loop.get('extra_per_batch_token_s', float('nan')):.1f} us/"
+
+    def per_r(key: str, text: Callable[[Any], str] = lambda e: f"{1e3 * e:+.2f} ms", sep: str = ", ") -> str:
+        return sep.join(f"R={r}: {text(v)}" for r, v in zip(reqs, loop.get(key) or [], strict=False))
+    plain = (f"; without speculation: step residual {per_r('plain_per_request_s')}, the drafter's share of a "
+             f"prefill {100 * profile.prefill_draft_share:.0f}%" if loop.get("plain_per_request_s") else "")
+    return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) "
+            f"{per_r('draft_factor', lambda row: '/'.join(f'x{f:.2f}' for f in row), '; ')}; step residual "
+            f"{per_r('extra_per_request_s')} + {1e6 * loop.get('extra_per_batch_token_s', nan):.1f} us/"
             f"{'decode' if profile.version >= 2 else 'batch'} token + "
             f"{1e3 * loop.get('join_s', 0.0):.3f}/{1e3 * loop.get('leave_s', 0.0):.3f} ms per request joining/"
             f"leaving + {1e3 * loop.get('wake_s', 0.0):.3f} ms per step after idle; "
-            f"prefill x{loop.get('prefill_factor', float('nan')):.3f}; of which host "
-            f"{1e3 * loop.get('host_fixed_s', float('nan')):.3f} ms/step + "
-            f"{1e6 * loop.get('host_per_request_s', float('nan')):.1f} us/request + "
-            f"{1e6 * loop.get('host_per_verified_token_s', float('nan')):.1f} us/verified token")
+            f"prefill x{loop.get('prefill_factor', nan):.3f}; of which host {1e3 * loop.get('host_fixed_s', nan):.3f} "
+            f"ms/step + {1e6 * loop.get('host_per_request_s', nan):.1f} us/request + "
+            f"{1e6 * loop.get('host_per_verified_token_s', nan):.1f} us/verified token{plain}")
 
 
 def _largest_note(table: pd.DataFrame, column: str, error: str, missing: str,

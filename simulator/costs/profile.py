@@ -19,7 +19,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
     + wake_s                                        the first step after the engine sat idle
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
-tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``.
+tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``; without speculation
+less its ``prefill.draft_share``, the drafter's pass over the prompt.
 
 Version 1 profiles have no attention table (their ``per_request`` usually folds
 in KV reads at a reference context), no cliff and no budget, so the cost is
@@ -89,6 +90,7 @@ class HardwareProfile:
     leave_s: float = 0.0  # seconds a step spends per request it finishes
     wake_s: float = 0.0  # seconds the first step after the engine sat idle spends beyond its parts
     mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
+    prefill_draft_share: float = 0.0  # share of a disaggregated prefill that is the drafter's (prefill.draft_share)
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -286,12 +288,15 @@ class HardwareProfile:
                              f"it has: {', '.join(sorted(self.draft)) or '(none)'}")
         return self.draft[kind](num_requests, draft_tokens, context_tokens)
 
-    def prefill_s(self, prompt_tokens: np.ndarray | int) -> np.ndarray:
+    def prefill_s(self, prompt_tokens: np.ndarray | int, drafting: bool = True) -> np.ndarray:
         """A disaggregated prefill of ``prompt_tokens`` tokens: the measured ``prefill.table`` interpolated linearly
-        (an error outside it, naming the file) when the profile has one, else ``fixed_s + n / tokens_per_s``."""
+        (an error outside it, naming the file) when the profile has one, else ``fixed_s + n / tokens_per_s``; for a
+        policy that drafts nothing (``drafting`` false) less ``prefill.draft_share`` of it, the drafter's part."""
         if self.prefill_table is not None:
-            return self.prefill_table(prompt_tokens)
-        return self.prefill_fixed_s + np.asarray(prompt_tokens, dtype=np.float64) / self.prefill_tokens_per_s
+            seconds = self.prefill_table(prompt_tokens)
+        else:
+            seconds = self.prefill_fixed_s + np.asarray(prompt_tokens, dtype=np.float64) / self.prefill_tokens_per_s
+        return seconds if drafting or not self.prefill_draft_share else seconds * (1.0 - self.prefill_draft_share)
 
     def scheduler_s(self, num_candidates: int, policy: str | None = None) -> float:
         """Seconds of one decision over ``num_candidates`` (request, position) pairs, by ``policy``'s own entry

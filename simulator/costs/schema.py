@@ -240,7 +240,8 @@ def _prefill_table(prefill: dict[str, Any], version: int, origin: str) -> Table1
 
 def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, float, Table2D | None, Table1D | None]:
     prefill = f.block(data, "prefill", origin)
-    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention", "mixed_step"), "prefill.", origin)
+    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention", "mixed_step", "draft_share"),
+                 "prefill.", origin)
     fixed_s = f.number(f.get(prefill, "fixed_s", "prefill.", origin), "prefill.fixed_s", origin, True)
     tokens_per_s = f.number(f.get(prefill, "tokens_per_s", "prefill.", origin), "prefill.tokens_per_s", origin)
     table = _prefill_table(prefill, version, origin)
@@ -268,6 +269,17 @@ def _mixed_step(data: dict[str, Any], version: int, origin: str) -> tuple[float,
     f.known_keys(block, ("fixed_s", "per_request_s"), where, origin)
     return (f.number(f.get(block, "fixed_s", where, origin), where + "fixed_s", origin, True),
             f.number(f.get(block, "per_request_s", where, origin), where + "per_request_s", origin, True))
+
+
+def _draft_share(data: dict[str, Any], origin: str) -> float:
+    """``prefill.draft_share`` (any version; 0 when absent): the share of a disaggregated prefill's seconds that is
+    the drafter's pass over the prompt, which a policy that drafts nothing does not pay; in [0, 1)."""
+    share = data["prefill"].get("draft_share", 0.0)
+    share = f.number(share, "prefill.draft_share", origin, allow_zero=True)
+    if share >= 1:
+        raise ProfileError(f"{origin}: field 'prefill.draft_share' must be < 1 (a share of the prefill's seconds), "
+                           f"got {share}")
+    return share
 
 
 POLICY_ENTRY = "{fixed_s, per_candidate_s} or {num_candidates, s}"
@@ -339,6 +351,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         version=version, dense_step_s=dense_step_s, attention=attention, key_padding=key_padding,  # type: ignore[arg-type]
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
         chunk_attention=chunk_attention, prefill_table=prefill_table, mixed_step=_mixed_step(data, version, origin),
+        prefill_draft_share=_draft_share(data, origin),
         decode_token_s=_verify_seconds(data["verify"], "decode_token_s", version, origin),
         draft_token_s=_verify_seconds(data["verify"], "draft_token_s", version, origin),
         join_s=_verify_seconds(data["verify"], "join_s", version, origin),

@@ -1,0 +1,61 @@
+"""What the serving loop costs without speculation: the loop probe's ``none`` steps and prefills.
+
+The loop probe (:func:`calibration.profiling.loop_costs.measure_loop_costs`) fits the non-draft residual of a step,
+``a_R + c B``, to policies that draft. A step that drafts nothing is cheaper than that line says, beyond the
+drafter's own seconds: its verifier forward does not alternate with a drafter forward (the caches keep one model's
+state), and the host samples no draft rows. A prefill without a drafter skips the drafter's pass over the prompt.
+So the probe also serves ``none`` at every R, and:
+
+* :func:`plain_per_request_s`: ``a_R`` of those steps under the same slope and churn terms (their residual less
+  the line's shared part, averaged per R). The profile prices a step that drafts nothing with it, and the drafter's
+  table pays the difference, ``a_R - plain a_R``, whenever it runs (:func:`fold_plain`): the cost a drafting policy
+  sees is unchanged, and ``none`` is priced by its own steps.
+* :func:`draft_share`: the share of a loop prefill that is the drafter's (``1 -`` the ``none`` prefills' factor
+  over the drafting ones'), written as ``prefill.draft_share``, which the simulator leaves out of a disaggregated
+  prefill when the policy drafts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibration.profiling.residual_fit import ResidualLine
+
+PLAIN_POLICY = "none"  # the probe without speculation (draft_tokens 0)
+
+
+def plain_per_request_s(steps: pd.DataFrame, line: ResidualLine, probed: tuple[int, ...]) -> tuple[float, ...]:
+    """[NR] the mean ``residual_s`` of the ``none`` probe's ``steps`` at each probed R (column ``users``) less the
+    line's slope and churn terms at those steps: their own intercept beside the drafting probes' ``a_R``."""
+    shared = (line.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
+              + line.join_s * steps["num_joined"].to_numpy(float) + line.leave_s * steps["num_left"].to_numpy(float)
+              + line.wake_s * (steps["wait_s"] > 0).to_numpy(float))
+    own = steps.assign(own_s=steps["residual_s"].to_numpy() - shared).groupby("users")["own_s"].mean()
+    return tuple(float(own[r]) for r in probed)
+
+
+def draft_share(prefill_factor: float, plain_prefill_factor: float) -> tuple[float, float]:
+    """(share, measured): the share of a loop prefill spent on the drafter, ``1 - plain / drafting`` factor, and
+    the same before a negative share (the ``none`` prefills measured slower, which is noise: a prefill without the
+    drafter does less work) is set to 0."""
+    measured = 1.0 - plain_prefill_factor / prefill_factor
+    return max(measured, 0.0), measured
+
+
+def fold_plain(out: dict[str, Any], num_requests: tuple[int, ...], gap_s: tuple[float, ...], share: float) -> None:
+    """Write what drafting adds to a step beyond the drafter's time, ``gap_s`` [NR] (the drafting probes' ``a_R``
+    less the ``none`` probe's), into every drafter table of ``out`` (a profile dictionary) at its R, for every draft
+    length and context, and ``share`` as ``prefill.draft_share``. A ValueError when that would make a draft entry
+    <= 0."""
+    probed = np.array(num_requests, dtype=float)
+    for kind, draft in out["draft"].items():
+        gap = np.interp(np.array(draft["num_requests"], dtype=float), probed, np.array(gap_s))[:, None]  # every g
+        latency_s = np.array(draft["latency_s"]) + gap
+        if np.any(latency_s <= 0):
+            raise ValueError(f"the loop probe's steps without speculation cost more than its drafting ones by more "
+                             f"than drafter {kind!r}'s time; the probe is too noisy (profile with longer probes)")
+        draft["latency_s"] = latency_s.tolist()
+    out["prefill"]["draft_share"] = share
