@@ -73,6 +73,8 @@ def test_the_folded_profile_prices_steps_without_speculation_by_their_own_probe(
         assert prices[0] == pytest.approx(prices[1], rel=1e-9)
     assert folded.prefill_draft_share == pytest.approx(0.2, rel=1e-9) and before.prefill_draft_share == 0.0
     assert folded.prefill_s(256, drafting=False) == pytest.approx(0.8 * folded.prefill_s(256), rel=1e-12)
+    # the isolated tables stay in the metadata as measured (the fold once scaled the drafter's there too)
+    assert folded.metadata["forward_only"]["draft"] == default_profile.raw["draft"]
     loop = folded.metadata["loop_costs"]
     assert loop["draft_share_measured"] == pytest.approx(0.2) and "plain_per_request_s" in loop["folded"]
 

@@ -166,8 +166,8 @@ class LoopCosts:
         extra = np.interp(reqs, np.array(self.num_requests, float),
                           np.array(self.plain_per_request_s if plain else self.extra_per_request_s))
         meta = out["metadata"]
-        meta["forward_only"] = {"verify": verify, "per_request": out.get("per_request"), "draft": out["draft"],
-                                "prefill": dict(out["prefill"])}
+        meta["forward_only"] = copy.deepcopy({"verify": verify, "per_request": out.get("per_request"),
+                                              "draft": out["draft"], "prefill": out["prefill"]})
         meta["loop_costs"] = {**{k: (np.array(v).tolist() if isinstance(v, tuple) else v)
                                  for k, v in vars(self).items()},
                               "folded": "draft(R, g) *= draft_factor(R, g); prefill (line, table) *= prefill_factor; "
