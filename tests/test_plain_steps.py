@@ -23,34 +23,40 @@ EXTRA_S = {True: 3e-3, False: 1e-3}  # what a step spends beyond its isolated pr
 PREFILL_S = {True: 0.10, False: 0.08}  # a prefill in the loop: with the drafter's pass over the prompt, and without
 
 
-def _loop_run(profile):
-    """A stand-in for the probe's loop runs at USERS users: every step costs its isolated price plus EXTRA_S (the
-    drafter's own 2 ms per drafted token on top when it drafts), every prefill PREFILL_S."""
+def _loop_run(profile, plain_full_upto: int = 64):
+    """A stand-in for the probe's loop runs: every step costs its isolated price plus EXTRA_S (the drafter's own
+    2 ms per drafted token on top when it drafts), every prefill PREFILL_S; the batch is full but for the none runs
+    at more than ``plain_full_upto`` users, which keep one request short (a prefill-bound loop)."""
     def serve(spec, models):
-        k = spec.policy.draft_tokens(GAMMA)
-        batch_tokens, context = USERS * (1 + k), 300
-        iso_s = profile.verify_s(USERS, batch_tokens) + loop_costs._attention_s(profile, USERS, k, USERS * context,
-                                                                                 context)
+        k, users = spec.policy.draft_tokens(GAMMA), spec.traffic.num_users
+        running = users - 1 if k == 0 and users > plain_full_upto else users
+        batch_tokens, context = running * (1 + k), 300
+        iso_s = profile.verify_s(running, batch_tokens) + loop_costs._attention_s(profile, running, k,
+                                                                                   running * context, context)
         draft_s = 2e-3 * k
         count = policy_steps.MIN_FULL_BATCH_STEPS + 1
         end_s = 10.0 + np.cumsum(np.full(count, iso_s + draft_s + EXTRA_S[k > 0]))
-        steps = pd.DataFrame({"start_at": end_s - 1e-4, "end_at": end_s, "wait_s": 0.0, "num_requests": USERS,
+        steps = pd.DataFrame({"start_at": end_s - 1e-4, "end_at": end_s, "wait_s": 0.0, "num_requests": running,
                               "batch_tokens": batch_tokens, "max_verified_tokens": k,
-                              "num_verified_tokens": batch_tokens,
-                              "context_tokens": USERS * context, "max_context_tokens": context, "draft_s": draft_s,
-                              "verify_s": iso_s, "num_joined": 0, "num_left": 0})
+                              "num_verified_tokens": batch_tokens, "context_tokens": running * context,
+                              "max_context_tokens": context, "draft_s": draft_s, "verify_s": iso_s,
+                              "num_joined": 0, "num_left": 0})
         requests = pd.DataFrame({"first_token_at": [PREFILL_S[k > 0]], "prefill_start_at": [0.0],
                                  "prompt_tokens": [256]})
         return SimpleNamespace(steps=steps, requests=requests)
     return serve
 
 
+def _measure(monkeypatch, profile, probed: tuple[int, ...], plain_full_upto: int = 64) -> LoopCosts:
+    monkeypatch.setattr(policy_steps, "serve", _loop_run(profile, plain_full_upto))
+    return loop_costs.measure_loop_costs(SimpleNamespace(s=SimpleNamespace(vocab_size=256)),
+                                         SimpleNamespace(kind="dspark"), GAMMA, probed, profile, LENGTHS,
+                                         duration_s=0.8, warmup_s=0.2)
+
+
 @pytest.fixture
 def measured(monkeypatch, default_profile) -> LoopCosts:
-    monkeypatch.setattr(policy_steps, "serve", _loop_run(default_profile))
-    return loop_costs.measure_loop_costs(SimpleNamespace(s=SimpleNamespace(vocab_size=256)),
-                                         SimpleNamespace(kind="dspark"), GAMMA, (USERS,), default_profile, LENGTHS,
-                                         duration_s=0.8, warmup_s=0.2)
+    return _measure(monkeypatch, default_profile, (USERS,))
 
 
 def test_the_folded_profile_prices_steps_without_speculation_by_their_own_probe(measured, default_profile) -> None:
@@ -79,6 +85,24 @@ def test_the_folded_profile_prices_steps_without_speculation_by_their_own_probe(
     assert loop["draft_share_measured"] == pytest.approx(0.2) and "plain_per_request_s" in loop["folded"]
 
 
+def test_where_the_none_probe_never_fills_its_batch_the_nearest_measured_gap_is_used(monkeypatch,
+                                                                                       default_profile) -> None:
+    """With long prompts requests that draft nothing finish before the others are prefilled: a none probe full only
+    at R = 1 of (1, 4) prices R = 4 with R = 1's gap (2 ms), and one that fills nowhere is an error naming it."""
+    costs = _measure(monkeypatch, default_profile, (1, USERS), plain_full_upto=1)
+    assert costs.plain_num_requests == (1,) and costs.plain_per_request_s == pytest.approx((EXTRA_S[False],))
+    folded = profile_from_dict(costs.fold(default_profile.raw))
+    before = profile_from_dict(replace(costs, plain_per_request_s=(), plain_num_requests=(),
+                                       plain_prefill_factor=None).fold(default_profile.raw))
+    gap_s = EXTRA_S[True] - EXTRA_S[False]
+    for r in (1, USERS):
+        assert folded.verify_s(r, r) == pytest.approx(before.verify_s(r, r) - gap_s, rel=1e-9)
+        assert folded.draft_s("dspark", r, GAMMA) == pytest.approx(before.draft_s("dspark", r, GAMMA) + gap_s,
+                                                                   rel=1e-9)
+    with pytest.raises(ValueError, match=r"the loop probe's none runs never had a full batch at any of \(4,\) users"):
+        _measure(monkeypatch, default_profile, (USERS,), plain_full_upto=1)
+
+
 def test_a_negative_share_is_noise_and_becomes_zero() -> None:
     assert plain_steps.draft_share(1.0, 0.75) == pytest.approx((0.25, 0.25))
     assert plain_steps.draft_share(1.0, 1.1) == pytest.approx((0.0, -0.1))
@@ -87,8 +111,8 @@ def test_a_negative_share_is_noise_and_becomes_zero() -> None:
 def test_a_gap_larger_than_the_drafters_time_is_an_error(default_profile) -> None:
     raw = default_profile.raw
     with pytest.raises(ValueError, match="cost more than its drafting ones by more than drafter 'dspark'"):
-        plain_steps.fold_plain({**raw, "draft": {"dspark": dict(raw["draft"]["dspark"])}, "prefill": {}}, (1, 8),
-                               (-1.0, -1.0), 0.0)
+        plain_steps.fold_plain({**raw, "draft": {"dspark": dict(raw["draft"]["dspark"])}, "prefill": {}},
+                               lambda reqs: np.full(len(reqs), -1.0), 0.0)
 
 
 def test_draft_share_is_checked_and_leaves_drafting_policies_alone(default_profile, small_spec) -> None:

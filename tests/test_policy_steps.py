@@ -70,9 +70,9 @@ def _loop_run(full_for: type | None, calls: list[float]):
 
 
 @pytest.mark.parametrize(("full_for", "missing"), [
-    (None, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'varlen-probe'), (4, 'none')]"),
+    (None, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'varlen-probe')]"),
     # the variable-length probe's steps do not stand in for mtp3's draft factor (they once left it NaN)
-    (loop_costs.VariableLength, "[(4, 'mtp1'), (4, 'mtp3'), (4, 'none')]"),
+    (loop_costs.VariableLength, "[(4, 'mtp1'), (4, 'mtp3')]"),
 ])
 def test_a_loop_cost_probe_never_full_runs_longer_then_names_what_is_missing(monkeypatch, default_profile, full_for,
                                                                              missing):

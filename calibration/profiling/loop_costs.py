@@ -63,6 +63,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,7 +74,14 @@ from calibration.models.model import Verifier
 from calibration.profiling.decision_cost import isolated_decisions
 from calibration.profiling.loop_prefill import measure_prefill, prefill_medians_s
 from calibration.profiling.mixed_steps import measure_mixed_steps
-from calibration.profiling.plain_steps import PLAIN_POLICY, draft_share, fold_plain, plain_per_request_s
+from calibration.profiling.plain_steps import (
+    PLAIN_POLICY,
+    draft_share,
+    fold_plain,
+    gap_s,
+    plain_per_request_s,
+    plain_probed,
+)
 from calibration.profiling.policy_steps import (
     PROBE_SEED_OFFSET,
     PROBE_STRETCHES,
@@ -138,6 +146,7 @@ class LoopCosts:
     # prefills' in-loop / isolated seconds (None: not probed).
     plain_per_request_s: tuple[float, ...] = ()
     plain_prefill_factor: float | None = None
+    plain_num_requests: tuple[int, ...] = ()  # [NP] the R of plain_per_request_s (those where its batch filled)
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -163,8 +172,10 @@ class LoopCosts:
         per_request = out.get("per_request") or {"num_requests": [1, 1024], "step_s": [0.0, 0.0]}
         reqs = np.array(per_request["num_requests"], dtype=float)
         plain = bool(self.plain_per_request_s)  # a step that drafts nothing is priced by the none probe's a_R
-        extra = np.interp(reqs, np.array(self.num_requests, float),
-                          np.array(self.plain_per_request_s if plain else self.extra_per_request_s))
+        gap = partial(gap_s, num_requests=self.num_requests, per_request_s=self.extra_per_request_s,
+                      plain_num_requests=self.plain_num_requests, plain_s=self.plain_per_request_s)
+        extra = (np.interp(reqs, np.array(self.num_requests, float), np.array(self.extra_per_request_s))
+                 - (gap(reqs) if plain else 0.0))
         meta = out["metadata"]
         meta["forward_only"] = copy.deepcopy({"verify": verify, "per_request": out.get("per_request"),
                                               "draft": out["draft"], "prefill": out["prefill"]})
@@ -177,7 +188,8 @@ class LoopCosts:
                                         + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s"
                                            if per_decode_token else "")
                                         + ("; per_request(R) += plain_per_request_s(R) (clipped at 0); draft(R, g) "
-                                           "+= extra_per_request_s(R) - plain_per_request_s(R); prefill.draft_share "
+                                           "+= extra_per_request_s(R) - plain_per_request_s(R) (at the R of "
+                                           "plain_num_requests, the nearest one's beyond); prefill.draft_share "
                                            "= 1 - plain_prefill_factor / prefill_factor (at least 0)" if plain else
                                            "; per_request(R) += extra_per_request_s(R) (clipped at 0)")}
         out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s,
@@ -202,8 +214,7 @@ class LoopCosts:
         if plain:
             share, meta["loop_costs"]["draft_share_measured"] = draft_share(self.prefill_factor,
                                                                             float(self.plain_prefill_factor))
-            fold_plain(out, self.num_requests, tuple(np.subtract(self.extra_per_request_s,
-                                                                 self.plain_per_request_s)), share)
+            fold_plain(out, gap, share)
         return out
 
 
@@ -250,8 +261,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
             frames.append(full_batch_cycles(result.steps, warmup_s + ramp_s, r).assign(
                 draft_tokens=k, users=r, static=not isinstance(policy, VariableLength)))
     s = pd.concat(frames, ignore_index=True)
-    _check_full_batches(s, probed, probes)
+    _check_full_batches(s, probed, [(policy, k) for policy, k in probes if k > 0])
     plain_steps = s["draft_tokens"] == 0
+    plain_reqs = plain_probed(s[plain_steps], probed)
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
                                          s["max_context_tokens"], strict=True)])
@@ -277,14 +289,14 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factors[0],
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
                      probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s, line.wake_s,
-                     plain_per_request_s(plain, line, probed), prefill_factors[1])
+                     plain_per_request_s(plain, line, plain_reqs), prefill_factors[1], plain_reqs)
 
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
-    """Every static probe (the draft factor at R, g), the variable-length one (the residual at R) and none needs
+    """Every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs
     full-batch ``steps`` (columns users, draft_tokens, static) at every probed R; a ValueError names those without."""
     ran = set(zip(steps["users"], steps["draft_tokens"], steps["static"], strict=True))
-    missing = [(r, policy.name if isinstance(policy, VariableLength) or k == 0 else f"mtp{k}") for r in probed
+    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
                for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
     if missing:
         raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "

@@ -8,8 +8,9 @@ So the probe also serves ``none`` at every R, and:
 
 * :func:`plain_per_request_s`: ``a_R`` of those steps under the same slope and churn terms (their residual less
   the line's shared part, averaged per R). The profile prices a step that drafts nothing with it, and the drafter's
-  table pays the difference, ``a_R - plain a_R``, whenever it runs (:func:`fold_plain`): the cost a drafting policy
-  sees is unchanged, and ``none`` is priced by its own steps.
+  table pays the difference, ``a_R - plain a_R`` (:func:`gap_s`), whenever it runs (:func:`fold_plain`): the cost
+  a drafting policy sees is unchanged, and ``none`` is priced by its own steps (at the R where its batch filled,
+  :func:`plain_probed`).
 * :func:`draft_share`: the share of a loop prefill that is the drafter's (``1 -`` the ``none`` prefills' factor
   over the drafting ones'), written as ``prefill.draft_share``, which the simulator leaves out of a disaggregated
   prefill when the policy drafts nothing.
@@ -17,6 +18,7 @@ So the probe also serves ``none`` at every R, and:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,30 @@ def plain_per_request_s(steps: pd.DataFrame, line: ResidualLine, probed: tuple[i
     return tuple(float(own[r]) for r in probed)
 
 
+def plain_probed(steps: pd.DataFrame, probed: tuple[int, ...]) -> tuple[int, ...]:
+    """The probed R at which the ``none`` probe's batch was full (its full-batch ``steps``, column ``users``). With
+    long prompts it may fill only at the smaller R: requests that draft nothing finish before the one prefill
+    instance has prefilled the others, so the loop is prefill-bound; :func:`gap_s` carries the nearest measured R's
+    gap there. A ValueError when it filled at no R."""
+    filled = tuple(r for r in probed if (steps["users"] == r).any())
+    if not filled:
+        raise ValueError(f"the loop probe's {PLAIN_POLICY} runs never had a full batch at any of {probed} users: "
+                         "requests without speculation finish before the others are prefilled; probe fewer users "
+                         "or shorter prompts")
+    return filled
+
+
+def gap_s(at: np.ndarray, num_requests: tuple[int, ...], per_request_s: tuple[float, ...],
+          plain_num_requests: tuple[int, ...], plain_s: tuple[float, ...]) -> np.ndarray:
+    """What drafting adds to a step beyond the drafter's own time, at R = ``at``: the drafting probes' ``a_R``
+    (``per_request_s`` over ``num_requests``) less the ``none`` probe's (``plain_s`` over ``plain_num_requests``),
+    at the R where both were measured, linear between them and the nearest one's beyond."""
+    drafting = np.interp(np.array(plain_num_requests, dtype=float), np.array(num_requests, dtype=float),
+                         np.array(per_request_s))
+    return np.interp(np.asarray(at, dtype=float), np.array(plain_num_requests, dtype=float),
+                     drafting - np.array(plain_s))
+
+
 def draft_share(prefill_factor: float, plain_prefill_factor: float) -> tuple[float, float]:
     """(share, measured): the share of a loop prefill spent on the drafter, ``1 - plain / drafting`` factor, and
     the same before a negative share (the ``none`` prefills measured slower, which is noise: a prefill without the
@@ -45,15 +71,12 @@ def draft_share(prefill_factor: float, plain_prefill_factor: float) -> tuple[flo
     return max(measured, 0.0), measured
 
 
-def fold_plain(out: dict[str, Any], num_requests: tuple[int, ...], gap_s: tuple[float, ...], share: float) -> None:
-    """Write what drafting adds to a step beyond the drafter's time, ``gap_s`` [NR] (the drafting probes' ``a_R``
-    less the ``none`` probe's), into every drafter table of ``out`` (a profile dictionary) at its R, for every draft
-    length and context, and ``share`` as ``prefill.draft_share``. A ValueError when that would make a draft entry
-    <= 0."""
-    probed = np.array(num_requests, dtype=float)
+def fold_plain(out: dict[str, Any], gap: Callable[[np.ndarray], np.ndarray], share: float) -> None:
+    """Write what drafting adds to a step beyond the drafter's time (``gap``: seconds at given R, :func:`gap_s`)
+    into every drafter table of ``out`` (a profile dictionary) at its R, for every draft length and context, and
+    ``share`` as ``prefill.draft_share``. A ValueError when that would make a draft entry <= 0."""
     for kind, draft in out["draft"].items():
-        gap = np.interp(np.array(draft["num_requests"], dtype=float), probed, np.array(gap_s))[:, None]  # every g
-        latency_s = np.array(draft["latency_s"]) + gap
+        latency_s = np.array(draft["latency_s"]) + gap(np.array(draft["num_requests"], dtype=float))[:, None]
         if np.any(latency_s <= 0):
             raise ValueError(f"the loop probe's steps without speculation cost more than its drafting ones by more "
                              f"than drafter {kind!r}'s time; the probe is too noisy (profile with longer probes)")

@@ -262,9 +262,9 @@ def loop_costs_line(profile: HardwareProfile) -> str:
     """The report's line on the serving-loop costs the profile holds (``metadata.loop_costs``)."""
     loop, nan = profile.metadata.get("loop_costs", {}), float("nan")
     reqs, gammas = loop.get("num_requests", []), loop.get("draft_tokens", [])
-
     def per_r(key: str, text: Callable[[Any], str] = lambda e: f"{1e3 * e:+.2f} ms", sep: str = ", ") -> str:
-        return sep.join(f"R={r}: {text(v)}" for r, v in zip(reqs, loop.get(key) or [], strict=False))
+        at = (loop.get("plain_num_requests") or reqs) if key.startswith("plain") else reqs  # none's: where it filled
+        return sep.join(f"R={r}: {text(v)}" for r, v in zip(at, loop.get(key) or [], strict=False))
     plain = (f"; without speculation: step residual {per_r('plain_per_request_s')}, the drafter's share of a "
              f"prefill {100 * profile.prefill_draft_share:.0f}%" if loop.get("plain_per_request_s") else "")
     return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) "
