@@ -117,6 +117,27 @@ def test_stop_when_unsteady_stops_passes_beyond_mending(monkeypatch, price_ses: 
         measure()
 
 
+@pytest.mark.parametrize(("price_se", "stops"), [(0.03, True), (0.01, False)])
+def test_slices_that_decide_the_verdict_on_the_last_planned_round_stop_a_run_max_rounds_would_extend(
+        monkeypatch, price_se: float, stops: bool) -> None:
+    """Round 2 of 2 serves one slice at half and one at twice the passes' speed: no reference keeps both, which
+    decides the verdict. When --max-rounds would add a round (passes 3% apart) the run stops there; when it would
+    not (1%), round 2 is the last and the run reports, as before."""
+    lines = _fake_rounds(monkeypatch, [price_se])
+    readings = iter([1.0] * 8 + [0.5, 0.5, 2.0, 2.0])
+    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=4, stop_when_unsteady=True)
+    measure = partial(rounds.measure_rounds, cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
+                                                                  description="none"),
+                      [("mtp1", 1), ("mtp1", 2)], lambda: next(readings, 1.0), lines.append)
+    if stops:
+        with pytest.raises(MachineNotSteady, match=r"stopped after round 2/2 \(--stop-when-unsteady\): round 2/2: "
+                                                   r"2 of 4 slices"):
+            measure()
+        return
+    passes, _ = measure()
+    assert len(passes) == 2 and "already decided" in lines[-1]
+
+
 @pytest.mark.slow  # ~60 s: acceptance logs, three profile passes and three rounds of real slices
 def test_a_run_extended_by_max_rounds_reports_and_recombines_the_rounds_it_served(tmp_path, monkeypatch,
                                                                                   capsys) -> None:

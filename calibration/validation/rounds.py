@@ -114,16 +114,18 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
     line, unsteady = round_progress(probes, replace(cfg, rounds=planned, max_rounds=None), round_idx,
                                     most_rounds=most)
     progress(line)
-    if unsteady and cfg.stop_when_unsteady and round_idx < planned:  # the last round: report it
-        raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}", probes)
     extend = round_idx == planned < (cfg.max_rounds or 0)
     stop_on_price = cfg.stop_when_unsteady and round_idx < most and len(passes) >= 2
     price_se = run_price_se(cfg, reals, passes) if extend or stop_on_price else float("nan")
+    extend = extend and not price_se <= STEADY_MAX_PROFILE_PRICE_SE  # NaN (one pass) tells nothing: one more too
+    # A round is the last when none is planned after it and --max-rounds adds none: then the run reports.
+    if unsteady and cfg.stop_when_unsteady and (round_idx < planned or extend):
+        raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}", probes)
     hopeless = hopeless_passes(price_se, len(passes), most) if stop_on_price else None
     if hopeless is not None:
         raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {hopeless}",
                                probes)
-    if extend and not price_se <= STEADY_MAX_PROFILE_PRICE_SE:  # NaN (one pass) tells nothing: one more as well
+    if extend:
         planned += 1
         spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
                   f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
