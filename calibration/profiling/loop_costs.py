@@ -187,10 +187,11 @@ class LoopCosts:
                                            "1/SPS(B) += extra_per_batch_token_s * B")
                                         + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s"
                                            if per_decode_token else "")
-                                        + ("; per_request(R) += plain_per_request_s(R) (clipped at 0); draft(R, g) "
-                                           "+= extra_per_request_s(R) - plain_per_request_s(R) (at the R of "
-                                           "plain_num_requests, the nearest one's beyond); prefill.draft_share "
-                                           "= 1 - plain_prefill_factor / prefill_factor (at least 0)" if plain else
+                                        + ("; per_request(R) += extra_per_request_s(R) - gap(R) (clipped at 0) "
+                                           "and draft(R, g) += gap(R), gap = extra_per_request_s - "
+                                           "plain_per_request_s at plain_num_requests (the nearest one's beyond); "
+                                           "prefill.draft_share = 1 - plain_prefill_factor / prefill_factor (at "
+                                           "least 0)" if plain else
                                            "; per_request(R) += extra_per_request_s(R) (clipped at 0)")}
         out["verify"] = ({**verify, "decode_token_s": verify.get("decode_token_s", 0.0) + self.extra_per_batch_token_s,
                           **({k: v for k, v in churn.items() if v})}
