@@ -136,6 +136,9 @@ def test_quick_v2_profile_prices_context_and_loads_in_the_simulator(measured_v2:
     assert profile.attention is not None and profile.attention.x.tolist() == [0, 512, 2048]
     assert profile.attention.y.tolist() == [1, 2, 3, 5, 9]  # 1 + gamma for the quick gammas 1, 2, 4, 8
     assert profile.chunk_attention is not None and profile.draft_uses_context("dspark")
+    # the drafter's context build over each chunk, timed alone: a part of the chunk's whole
+    assert profile.chunk_draft is not None and profile.chunk_draft.values.sum() > 0
+    assert (profile.chunk_draft.values <= profile.chunk_attention.values).all()
     # Attention grows with context: the dense part is at context 0, so the table's first row is exactly 0; summed
     # over the query sizes (one cell is a few per cent of its forwards, so noise can swap two neighbours) each row
     # costs more than the one before; and four requests over 2048 cached tokens each take visibly longer than over

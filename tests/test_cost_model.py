@@ -110,6 +110,14 @@ def test_two_axis_tables_interpolate_bilinearly_and_name_the_file_outside():
          r"'verify\.steps_per_s' and 'verify\.step_s' exclude each other"),
         (lambda d: d["prefill"].__setitem__("chunk_attention", {"context_tokens": [0]}),
          r"missing field 'prefill\.chunk_attention\.chunk_tokens'"),
+        (lambda d: d["prefill"].__setitem__("chunk_attention", {
+            "context_tokens": [0, 1000], "chunk_tokens": [1, 512], "per_chunk_s": [[0.0, 1e-3], [1e-6, 2e-3]],
+            "draft_s": [[0.0, 1e-3], [1e-6]]}), r"'prefill\.chunk_attention\.draft_s\[1\]' must be a list of 2"),
+        (lambda d: d["prefill"].__setitem__("chunk_attention", {
+            "context_tokens": [0, 1000], "chunk_tokens": [1, 512], "per_chunk_s": [[0.0, 1e-3], [1e-6, 2e-3]],
+            "draft_s": [[0.0, 1e-3], [1e-6, 3e-3]]}),
+         r"'prefill\.chunk_attention\.draft_s\[1\]\[1\]' is 0\.003, more than the chunk's whole per_chunk_s "
+         r"0\.002 \(context_tokens 1000, chunk_tokens 512\)"),
         (lambda d: d.__setitem__("speculation", {}), r"unknown field 'speculation'"),
         (lambda d: d.__setitem__("version", 1), r"field 'attention' needs version 2 \(this file says version 1\)"),
         (lambda d: d.__setitem__("version", 3), r"field 'version' must be 1 or 2, got 3"),

@@ -20,7 +20,7 @@ from calibration.models.model import build_verifier
 from calibration.profiling.calls import chunk_call, draft_call
 from calibration.profiling.compare import compare_figure
 from calibration.profiling.graphs import graph_tables
-from calibration.profiling.measure_context import ContextAxes, context_blocks, difference_pairs
+from calibration.profiling.measure_context import ContextAxes, context_blocks, context_points, difference_pairs
 from calibration.profiling.memory import drafter_slots, fit_requests
 from calibration.profiling.profile_gpu import config_from_args, parse_args
 from calibration.profiling.profile_gpu import main as profile_main
@@ -244,3 +244,30 @@ def test_a_profile_with_its_own_grid_per_drafter_loads_and_says_what_was_cut(tmp
     assert profile.draft_s("dspark", 16, 1, 0.0) > 0
     with pytest.raises(ValueError, match="outside the profiled range 1..4"):
         profile.draft_s("mtp", 16, 1, 0.0)
+
+
+def test_the_drafters_part_of_a_chunk_is_timed_alone_and_kept_within_the_chunk() -> None:
+    """``prefill.chunk_attention.draft_s``: one point per (computed context, chunk), the first drafter's context build
+    alone; a time above the chunk's whole difference (the two are timed apart) is written as that whole, counted."""
+    gen = torch.Generator().manual_seed(0)
+    model = build_verifier("tiny", gen)
+    axes = ContextAxes((0, 32), (1, 2), (4, 8), (0, 16), 2, (), (0, 32))
+    drafters = {"dspark": build_drafter("dspark", model, gen, max_depth=2)}
+    points = context_points(axes, model, model, torch.device("cpu"), gen, drafters, {"dspark": (1,)}, (1,))
+    chunk_points = [(label, prepare) for label, prepare in points if label.startswith("chunk draft")]
+    assert [label for label, _ in chunk_points] == ["chunk draft P=0 n=4", "chunk draft P=0 n=8",
+                                                    "chunk draft P=16 n=4", "chunk draft P=16 n=8"]
+    for _, prepare in chunk_points:  # each runs, twice, on its own cache
+        run = prepare()
+        run()
+        run()
+    assert axes.num_points(1, 1) == 1 * 2 + 2 * 2 * 2 + 2  # attention, chunk pairs and drafter parts, draft table
+    differences = iter([1e-3, 1e-3] + [1e-3, 2e-3, 3e-3, 4e-3])  # attention C=32 (q 1, 2), then the chunk pairs
+    times = iter([5e-4, 3e-3, 1e-3, 1e-3] + [1e-3, 1e-3])  # the drafter's parts, then the draft table (C 0, 32)
+    blocks, notes = context_blocks(axes, differences, times, {"dspark": (1,)}, (1,))
+    assert blocks.chunk_attention is not None
+    assert blocks.chunk_attention.draft_s == ((5e-4, 2e-3), (1e-3, 1e-3))
+    assert notes["chunk_draft_capped_at_per_chunk_s"] == 1
+    assert blocks.chunk_attention.to_dict()["draft_s"] == [[5e-4, 2e-3], [1e-3, 1e-3]]
+    plain, _ = context_blocks(axes, iter([1e-3] * 6), iter([]), {}, (1,))  # no drafter: nothing to leave out
+    assert plain.chunk_attention is not None and plain.chunk_attention.draft_s is None

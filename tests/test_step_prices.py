@@ -32,15 +32,17 @@ STEPS = [
 ]
 
 
-def _profile(padding: str, raw: bool = False, decode_token_s: float = 0.0):
+def _profile(padding: str, raw: bool = False, decode_token_s: float = 0.0, chunk_draft_share: float = 0.0):
     """A version-2 profile with per-request work, query padding, an inline scheduler, attention, chunk attention
-    and a context-aware drafter, all padding keys as ``padding`` says, and ``decode_token_s`` per decode token."""
+    and a context-aware drafter, all padding keys as ``padding`` says, and ``decode_token_s`` per decode token;
+    ``chunk_draft_share`` of each chunk's attention is the drafter's (``prefill.chunk_attention.draft_s``)."""
     base = load_profile("h200_qwen3-8b_analytic")
     grid = (((1e-3, 2e-3), (2e-3, 4e-3)), ((3e-3, 4e-3), (4e-3, 6e-3)))  # [context][R][gamma]
     draft = ContextDraftTable((0, 100000), (1, 64), (1, 8), grid, key_padding=padding)  # type: ignore[arg-type]
     # quadratic in the chunk, growing with the context: interpolation between points is not linear in the sum
-    chunk = ChunkAttentionBlock((0, 1000, 5000), (1, 100, 1000),
-                                ((1e-6, 1e-4, 3e-3), (2e-6, 2e-4, 5e-3), (5e-6, 6e-4, 1.2e-2)))
+    per_chunk_s = ((1e-6, 1e-4, 3e-3), (2e-6, 2e-4, 5e-3), (5e-6, 6e-4, 1.2e-2))
+    draft_s = tuple(tuple(chunk_draft_share * v for v in row) for row in per_chunk_s) if chunk_draft_share else None
+    chunk = ChunkAttentionBlock((0, 1000, 5000), (1, 100, 1000), per_chunk_s, draft_s)
     data = Version2Blocks(attention=linear_attention(key_padding=padding), chunk_attention=chunk,
                           draft={"dspark": draft}).apply(base.raw)
     data["verify"]["padded_slot_s"] = 3e-6
@@ -50,10 +52,10 @@ def _profile(padding: str, raw: bool = False, decode_token_s: float = 0.0):
     return data if raw else profile_from_dict(data, "chunk-prices.json")
 
 
-def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The steps table and chunks table the real loop would write for :data:`STEPS`."""
+def _tables(table: list = STEPS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The steps table and chunks table the real loop would write for ``table`` (:data:`STEPS`)."""
     steps, chunks = [], []
-    for i, (contexts, length, step_chunks) in enumerate(STEPS):
+    for i, (contexts, length, step_chunks) in enumerate(table):
         r = len(contexts)
         steps.append({"num_requests": r, "batch_tokens": r * (1 + length), "max_verified_tokens": length,
                       "context_tokens": sum(contexts), "max_context_tokens": max(contexts, default=0),
@@ -63,11 +65,11 @@ def _tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.DataFrame(steps), pd.DataFrame(chunks)
 
 
-def _simulator_prices(profile, policy) -> list[float]:
-    """What the simulator's engine charges each step of :data:`STEPS` (its own pricer, as ``DecodeEngine._plan``)."""
+def _simulator_prices(profile, policy, table: list = STEPS) -> list[float]:
+    """What the simulator's engine charges each step of ``table`` (its own pricer, as ``DecodeEngine._plan``)."""
     pricer = StepPricer(profile, profile, policy, "dspark", policy.draft_tokens(GAMMA))
     prices = []
-    for contexts, length, step_chunks in STEPS:
+    for contexts, length, step_chunks in table:
         r = len(contexts)
         ctx = np.array(contexts, dtype=np.int64) if r else None
         lengths = np.full(r, length, dtype=np.int64)
@@ -94,6 +96,30 @@ def test_steps_with_chunks_are_priced_as_the_simulator_prices_them(padding: str,
     flat = priced_steps_s(steps, profile, "dspark", policy.name, GAMMA, policy.synchronous,
                           chunks.assign(context_tokens=0))
     assert flat[0] < priced[0] and flat[2] < priced[2] and flat[1] == priced[1]
+
+
+def test_a_policy_that_drafts_nothing_leaves_out_the_drafters_part_of_each_chunk() -> None:
+    """``prefill.chunk_attention.draft_s``: the real loop builds no drafter context over the chunks of a policy that
+    drafts nothing, and the simulator and the step prices leave that part out for it alone."""
+    steps, chunks = _tables()
+    plain_table = [(contexts, 0, step_chunks) for contexts, _, step_chunks in STEPS]  # none verifies no draft token
+    plain_steps, plain_chunks = _tables(plain_table)
+    whole, shared = _profile("longest"), _profile("longest", chunk_draft_share=0.4)
+    assert shared.chunk_draft is not None and whole.chunk_draft is None
+    for name, table, (logged, logged_chunks) in (("greedy", STEPS, (steps, chunks)),
+                                                  ("none", plain_table, (plain_steps, plain_chunks))):
+        policy = make_policy(name)
+        priced = priced_steps_s(logged, shared, "dspark", name, policy.draft_tokens(GAMMA), policy.synchronous,
+                                logged_chunks)
+        assert priced.tolist() == pytest.approx(_simulator_prices(shared, policy, table), rel=1e-12)
+    args = ("dspark", "greedy", GAMMA, True, chunks)
+    np.testing.assert_array_equal(priced_steps_s(steps, shared, *args), priced_steps_s(steps, whole, *args))
+    none_args = ("dspark", "none", 0, False, plain_chunks)
+    saved = priced_steps_s(plain_steps, whole, *none_args) - priced_steps_s(plain_steps, shared, *none_args)
+    chunk_s = [whole.chunk_attention_s(np.array([c for c, _ in step]), np.array([n for _, n in step]))
+               for _, _, step in STEPS]
+    np.testing.assert_allclose(saved, 0.4 * np.array(chunk_s), rtol=1e-9, atol=1e-15)
+    assert saved[0] > 0 and saved[3] == 0.0  # a step without chunks is priced as before
 
 
 def test_the_host_work_per_decode_token_is_charged_on_decode_tokens_only() -> None:

@@ -78,3 +78,24 @@ def chunk_call(model: Verifier, forward: Callable, drafter: Drafter | None, devi
         drafter.cache = drafter.last_feature = None
         return one_chunk
     return prepare
+
+
+def chunk_draft_call(drafter: Drafter, device: torch.device, gen: torch.Generator, chunk_tokens: int,
+                     context: int) -> Prepare:
+    """Sets up the drafter's part of one prefill chunk alone: its context built from ``chunk_tokens`` target
+    features over ``context`` computed ones (what :func:`chunk_call` adds to the verifier's forward)."""
+    def prepare() -> Callable[[], object]:
+        drafter.new_cache(1, context + chunk_tokens)
+        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
+        assert cache is not None
+        features = torch.randn(chunk_tokens, drafter.fc.in_features, generator=gen,
+                               device=device).to(drafter.fc.weight)
+
+        def one_build() -> None:
+            drafter.cache, drafter.last_feature = cache, last_feature
+            cache.lengths[:] = context
+            drafter.extend_context([0], features, [chunk_tokens])  # type: ignore[arg-type]
+            drafter.cache = drafter.last_feature = None
+        drafter.cache = drafter.last_feature = None
+        return one_build
+    return prepare

@@ -15,10 +15,11 @@ the dense verify table at context 0, the points below and turns them into
   context in the batch, so the block says ``key_padding: "longest"``.
 * ``prefill.chunk_attention.per_chunk_s[p][n]``: one request of an ``n``-token chunk over
   ``p`` computed prompt tokens, with the first drafter's context built from the chunk's
-  target features (the serving loop does both for every prefilled token; the format has no
-  other place for the drafter's share), minus the dense table's forward of ``n`` batch tokens
+  target features (the serving loop does both for every prefilled token when its policy
+  drafts), minus the dense table's forward of ``n`` batch tokens
   (so the chunk's causal attention within itself is in the table too), timed in rounds with
-  it like an attention difference.
+  it like an attention difference. Its ``draft_s[p][n]`` is that drafter's context build alone,
+  timed on its own (at most ``per_chunk_s``), which a policy that drafts nothing does not pay.
 * ``prefill.table.latency_s[n]``: one request's whole prefill of ``n`` prompt tokens (a chunk of
   ``n`` over 0 computed tokens: the verifier forward and the first drafter's context of it),
   at the prompt lengths ``prefill_prompts``. Prefill is convex in the prompt (attention is
@@ -47,7 +48,7 @@ import torch
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.profiling.calls import chunk_call, draft_call, verify_call
+from calibration.profiling.calls import chunk_call, chunk_draft_call, draft_call, verify_call
 from calibration.profiling.timing import Prepare
 from simulator.costs import AttentionBlock, ChunkAttentionBlock, ContextDraftTable, PrefillTableBlock, Version2Blocks
 
@@ -99,7 +100,8 @@ class ContextAxes:
     def num_points(self, draft_rows: int, num_draft_tokens: int) -> int:
         """Timing points of these grids; ``draft_rows``: the R entries of every drafter's grid together. (The
         per-request pairs, :func:`request_pairs`, go with the R grid: ``measure.count_points`` counts them.)"""
-        return ((len(self.contexts) - 1) * len(self.queries) + len(self.chunk_contexts) * len(self.chunks)
+        chunk_points = len(self.chunk_contexts) * len(self.chunks)
+        return ((len(self.contexts) - 1) * len(self.queries) + chunk_points * (2 if draft_rows else 1)
                 + len(self.prefill_prompts) + len(self.drafter_contexts) * draft_rows * num_draft_tokens)
 
 
@@ -170,6 +172,9 @@ def context_points(axes: ContextAxes, model: Verifier, forward: Callable, device
     first = next(iter(drafters.values()), None)
     for n in axes.prefill_prompts:
         points.append((f"prefill n={n}", chunk_call(model, forward, first, device, gen, n, 0)))
+    if first is not None:  # the drafter's part of each chunk, which a policy that drafts nothing does not pay
+        points += [(f"chunk draft P={p} n={n}", chunk_draft_call(first, device, gen, n, p))
+                   for p in axes.chunk_contexts for n in axes.chunks]
     for kind, drafter in drafters.items():
         for c in axes.drafter_contexts:
             for r in draft_grids[kind]:
@@ -197,12 +202,19 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
         clipped += sum(d < 0 for d in diffs)
         chunk_rows.append(tuple(max(d, 0.0) for d in diffs))
     prefill = tuple(next(times) for _ in axes.prefill_prompts)
+    chunk_draft, capped = None, 0
+    if kinds and axes.chunks:  # the drafter's part, at most the whole chunk it is part of (the two timed apart)
+        measured = [[next(times) for _ in axes.chunks] for _ in axes.chunk_contexts]
+        capped = sum(d > w for row, whole in zip(measured, chunk_rows, strict=True)
+                     for d, w in zip(row, whole, strict=True))
+        chunk_draft = tuple(tuple(min(d, w) for d, w in zip(row, whole, strict=True))
+                            for row, whole in zip(measured, chunk_rows, strict=True))
     draft = {kind: ContextDraftTable(axes.drafter_contexts, grid, draft_tokens, tuple(
         tuple(tuple(next(times) for _ in draft_tokens) for _ in grid) for _ in axes.drafter_contexts),
         key_padding="longest") for kind, grid in draft_grids.items()}
     blocks = Version2Blocks(
         attention=AttentionBlock(axes.contexts, axes.queries, tuple(attention), key_padding="longest"),
-        chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows))
+        chunk_attention=(ChunkAttentionBlock(axes.chunk_contexts, axes.chunks, tuple(chunk_rows), chunk_draft)
                          if axes.chunks else None),
         prefill_table=PrefillTableBlock(axes.prefill_prompts, prefill) if prefill else None,
         draft=draft)
@@ -218,6 +230,10 @@ def context_blocks(axes: ContextAxes, differences: Iterator[float], times: Itera
                                        f"{kinds[0] if kinds else 'no'} drafter's context of the chunk) - t(the "
                                        "verify table's forward of n batch tokens): the median of the differences of "
                                        "rounds in which the two run back to back"),
+        "chunk_draft_definition": (f"t(the {kinds[0]} drafter's context built from an n-token chunk's target "
+                                   "features over P computed tokens, alone): the median time, written as at most "
+                                   "the chunk's per_chunk_s" if chunk_draft is not None else "not measured"),
+        "chunk_draft_capped_at_per_chunk_s": capped,
         "prefill_table_definition": ("t(one request's prefill of n prompt tokens: a verifier forward over 0 "
                                      f"computed tokens and the {kinds[0] if kinds else 'no'} drafter's context of "
                                      "it), the whole time (no table subtracted)"),

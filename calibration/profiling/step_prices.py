@@ -104,7 +104,8 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
             if profile.attention is not None:
                 mean = np.full(r, max_ctx if profile.key_padding == "longest" else ctx / r)
                 attention_s = profile.attention_s(mean, np.full(r, max(1, round(b / r))))
-        out[i, 2] += target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens).verify_s
+        out[i, 2] += target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens,
+                                 drafting=draft_tokens > 0).verify_s
     return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
 
 

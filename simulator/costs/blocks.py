@@ -73,10 +73,14 @@ class ChunkAttentionBlock:
     context_tokens: tuple[int, ...]  # [NC] prompt tokens already computed, >= 0
     chunk_tokens: tuple[int, ...]  # [NK]
     per_chunk_s: tuple[tuple[float, ...], ...]  # [NC][NK]
+    draft_s: tuple[tuple[float, ...], ...] | None = None  # [NC][NK] of per_chunk_s: the drafter's context build
 
     def to_dict(self) -> dict[str, Any]:
-        return {"context_tokens": list(self.context_tokens), "chunk_tokens": list(self.chunk_tokens),
-                "per_chunk_s": [list(row) for row in self.per_chunk_s]}
+        out: dict[str, Any] = {"context_tokens": list(self.context_tokens), "chunk_tokens": list(self.chunk_tokens),
+                               "per_chunk_s": [list(row) for row in self.per_chunk_s]}
+        if self.draft_s is not None:
+            out["draft_s"] = [list(row) for row in self.draft_s]
+        return out
 
 
 @dataclass(frozen=True)

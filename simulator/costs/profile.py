@@ -8,7 +8,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
     + per_request(R)                                per-request overhead
     + sum_r attention(c_r, 1 + l_r)                 each request's attention over its context c_r
                                                     (with key_padding "longest": every c_r is the batch's longest)
-    + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention)
+    + sum_chunks attention(c_i, n_i)                co-located prefill chunks (chunk_attention table, or attention;
+                                                    less its draft_s for a policy that drafts nothing)
     + decode_token_s * sum_r (1 + l_r)              host work per decode (verification) token, none per chunk token
     + draft_token_s * sum_r l_r                     work per verified draft token that a step without speculation
                                                     does not do (rejection sampling, draft bookkeeping)
@@ -91,6 +92,7 @@ class HardwareProfile:
     wake_s: float = 0.0  # seconds the first step after the engine sat idle spends beyond its parts
     mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
     prefill_draft_share: float = 0.0  # share of a disaggregated prefill that is the drafter's (prefill.draft_share)
+    chunk_draft: Table2D | None = None  # the drafter's part of chunk_attention (prefill.chunk_attention.draft_s)
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -190,13 +192,17 @@ class HardwareProfile:
         idle before it (``verify.join_s``, ``verify.leave_s``, ``verify.wake_s``; 0 without them)."""
         return self.join_s * num_joined + self.leave_s * num_left + (self.wake_s if woke else 0.0)
 
-    def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray) -> float:
+    def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray, drafting: bool = True) -> float:
         """Attention of prefill chunks: ``chunk_tokens[i]`` new prompt tokens over ``context_tokens[i]`` computed
-        ones; from ``prefill.chunk_attention``, else the attention table, else 0."""
+        ones; from ``prefill.chunk_attention``, else the attention table, else 0. For a policy that drafts nothing
+        (``drafting`` false) less ``prefill.chunk_attention.draft_s``, the drafter's context build over the chunks."""
         table = self.chunk_attention if self.chunk_attention is not None else self.attention
         if table is None or np.size(chunk_tokens) == 0:
             return 0.0
-        return float(table(context_tokens, chunk_tokens).sum())
+        seconds = table(context_tokens, chunk_tokens)
+        if not drafting and self.chunk_draft is not None and table is self.chunk_attention:
+            seconds = seconds - self.chunk_draft(context_tokens, chunk_tokens)
+        return float(seconds.sum())
 
     def attention_rows(self, context_tokens: np.ndarray, num_queries: int) -> np.ndarray:
         """Each request's attention with 1, 2, ..., ``num_queries`` query tokens -> [R, num_queries] (key padding

@@ -16,6 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from simulator.costs import fields as f
 from simulator.costs.fields import ProfileError
 from simulator.costs.profile import CudaGraphs, HardwareProfile
@@ -251,10 +253,29 @@ def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, fl
     _needs_v2(version, True, "prefill.chunk_attention", origin)
     if not isinstance(chunk, dict):
         raise ProfileError(f"{origin}: field 'prefill.chunk_attention' must be an object, got {chunk!r}")
-    f.known_keys(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.", origin)
+    f.known_keys(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s", "draft_s"), "prefill.chunk_attention.",
+                 origin)
     chunk_table = _table2d(chunk, ("context_tokens", "chunk_tokens", "per_chunk_s"), "prefill.chunk_attention.",
                            "prefill chunk_attention per_chunk_s", origin)
     return fixed_s, tokens_per_s, chunk_table, table
+
+
+def _chunk_draft(data: dict[str, Any], chunk_table: Table2D | None, origin: str) -> Table2D | None:
+    """``prefill.chunk_attention.draft_s`` (optional, on the chunk table's axes): the part of each ``per_chunk_s``
+    that is the drafter's context build over the chunk, which a policy that drafts nothing does not pay."""
+    chunk = data["prefill"].get("chunk_attention")
+    if chunk_table is None or "draft_s" not in chunk:
+        return None
+    where = "prefill.chunk_attention.draft_s"
+    grid = f.grid(chunk["draft_s"], chunk_table.values.shape, where, origin, allow_zero=True)
+    over = np.argwhere(grid > chunk_table.values)
+    if over.size:
+        i, j = over[0]
+        raise ProfileError(f"{origin}: field '{where}[{i}][{j}]' is {grid[i, j]}, more than the chunk's whole "
+                           f"per_chunk_s {chunk_table.values[i, j]} (context_tokens {int(chunk_table.x[i])}, "
+                           f"chunk_tokens {int(chunk_table.y[j])}); the drafter's part must be at most the whole")
+    return Table2D(chunk_table.x, chunk_table.y, grid, "prefill chunk_attention draft_s", "context_tokens",
+                   "chunk_tokens", origin)
 
 
 def _mixed_step(data: dict[str, Any], version: int, origin: str) -> tuple[float, float] | None:
@@ -339,6 +360,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
     per_request = _per_request(data, origin)
     drafts = _drafts(data, version, origin)
     prefill_fixed_s, prefill_tokens_per_s, chunk_attention, prefill_table = _prefill(data, version, origin)
+    chunk_draft = _chunk_draft(data, chunk_attention, origin)
     sched_fixed_s, sched_per_candidate_s, inline, by_policy = _scheduler(data, origin)
     attention, key_padding = _attention(data, origin)
     graphs = _cuda_graphs(data, verify_sps, origin)
@@ -351,7 +373,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         version=version, dense_step_s=dense_step_s, attention=attention, key_padding=key_padding,  # type: ignore[arg-type]
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
         chunk_attention=chunk_attention, prefill_table=prefill_table, mixed_step=_mixed_step(data, version, origin),
-        prefill_draft_share=_draft_share(data, origin),
+        prefill_draft_share=_draft_share(data, origin), chunk_draft=chunk_draft,
         decode_token_s=_verify_seconds(data["verify"], "decode_token_s", version, origin),
         draft_token_s=_verify_seconds(data["verify"], "draft_token_s", version, origin),
         join_s=_verify_seconds(data["verify"], "join_s", version, origin),

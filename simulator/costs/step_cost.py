@@ -42,13 +42,14 @@ def decision_s(profile: HardwareProfile, policy: str, synchronous: bool, num_req
 
 def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int, longest_verified_tokens: int,
                 decode_attention_s: float, chunk_context_tokens: np.ndarray, chunk_tokens: np.ndarray,
-                detailed: bool = False) -> VerifyCost:
+                detailed: bool = False, drafting: bool = True) -> VerifyCost:
     """The target's time of a step of ``num_requests`` decoding requests with ``decode_tokens`` = sum_r 1 + l_r
     (the longest l_r ``longest_verified_tokens``, for query padding) whose attention is ``decode_attention_s``,
     and prefill chunks of ``chunk_tokens`` [P] (zeros: no chunk) over ``chunk_context_tokens`` [P] computed prompt
     tokens: dense part over all batch tokens, padding, per-request work of R + chunks, ``decode_token_s`` on the
     decode tokens alone, decode and chunk attention, and ``prefill.mixed_step`` when chunks share the step with
-    decoding requests. ``detailed`` also fills the dense part (otherwise 0)."""
+    decoding requests. ``detailed`` also fills the dense part (otherwise 0); ``drafting`` false (a policy that drafts
+    nothing): the chunks' attention leaves out the drafter's context build over them."""
     num_chunks = int(np.count_nonzero(chunk_tokens)) if chunk_tokens.size else 0
     batch_tokens = decode_tokens + (int(chunk_tokens.sum()) if num_chunks else 0)
     padded_slots = num_requests * (1 + longest_verified_tokens) - decode_tokens if num_requests else 0
@@ -57,7 +58,7 @@ def target_cost(profile: HardwareProfile, num_requests: int, decode_tokens: int,
     attention_s = decode_attention_s
     if num_chunks:
         has = chunk_tokens > 0
-        attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has])
+        attention_s += profile.chunk_attention_s(chunk_context_tokens[has], chunk_tokens[has], drafting)
         if num_requests:
             verify_s += profile.mixed_step_s(num_requests)
     if attention_s:
@@ -130,4 +131,4 @@ class StepPricer:
         if self.attention and num_requests:
             attention_s = self._decode_attention_s(context_tokens, lengths)  # type: ignore[arg-type]
         return target_cost(self.profile, num_requests, decode_tokens, int(lengths.max()) if num_requests else 0,
-                           attention_s, chunk_context_tokens, chunk_tokens, detailed)
+                           attention_s, chunk_context_tokens, chunk_tokens, detailed, self.draft_tokens > 0)
