@@ -23,22 +23,14 @@ DRAFTER = SimpleNamespace(kind="dspark")  # the loop run is stood in for: only t
 VERIFIER = SimpleNamespace(s=SimpleNamespace(vocab_size=256))  # only its vocabulary is read (the probe's prompts)
 
 
-def _probe(full_after: int, calls: list[float], count: int = policy_steps.MIN_FULL_BATCH_STEPS,
-           cycle_s: dict[str, float] | None = None, order: list[str] | None = None):
-    """A stand-in for the loop run of the probed policy: no full-batch step in the first ``full_after`` runs, then
-    ``count`` after a first step before the warm-up (whose end starts the first counted step's cycle). The
-    reference runs (mtp) are full at once and not counted in ``calls``; ``cycle_s``: each policy's step cycle
-    (default 0.1 s); ``order``: the policies in the order they ran."""
+def _probe(full_after: int, calls: list[float], count: int = policy_steps.MIN_FULL_BATCH_STEPS):
+    """A stand-in for the loop run: no full-batch step in the first ``full_after`` runs, then ``count`` after a
+    first step before the warm-up (whose end starts the first counted step's cycle)."""
     def serve(spec, models):
-        reference = spec.policy.name == "mtp"
-        if order is not None:
-            order.append(spec.policy.name)
-        if not reference:
-            calls.append(spec.duration_s - spec.warmup_s)  # how long it ran after the ramp and warm-up
-        full = count if reference or len(calls) > full_after else 0
+        calls.append(spec.duration_s - spec.warmup_s)  # how long it ran after the ramp and warm-up
+        full = count if len(calls) > full_after else 0
         steps = pd.DataFrame([{**FULL_STEP, "num_requests": 3}] + [FULL_STEP] * full)
-        cycle = (cycle_s or {}).get(spec.policy.name, 0.1)
-        start_s = np.r_[spec.warmup_s - cycle, spec.warmup_s + cycle * np.arange(full)]
+        start_s = np.r_[0.0, spec.warmup_s + 0.1 * np.arange(full)]
         return SimpleNamespace(steps=steps.assign(start_at=start_s, end_at=start_s + 0.05, wait_s=0.0))
     return serve
 
@@ -54,23 +46,6 @@ def test_a_probe_with_few_full_batch_steps_runs_again_longer(monkeypatch, defaul
                                             (4096, 128), duration_s=0.8, warmup_s=0.2)
     assert calls == pytest.approx([1.6 * k - 0.2 for k in stretches])  # 4 users: twice the 0.8 s of 1-2 users
     assert out["greedy"].num_steps == count
-
-
-def test_each_policy_is_measured_beside_a_static_run_of_its_draft_length(monkeypatch, default_profile):
-    """At each R the static mtp<g> runs between the policies that draft g (greedy, mtp3, dspark for g = 3), and its
-    excess over the shared model, what the machine and the fit miss at that moment, comes out of theirs."""
-    order: list[str] = []
-    cycles = {"mtp": 0.103, "greedy": 0.105, "dspark": 0.1}  # the steps' cycles, seconds: the same shapes
-    monkeypatch.setattr(policy_steps, "serve", _probe(0, [], cycle_s=cycles, order=order))
-    out = policy_steps.measure_policy_steps(VERIFIER, DRAFTER, 3, (4,), default_profile,
-                                            ("greedy", "dspark", "greedy"), LENGTHS, (4096, 128), duration_s=0.8,
-                                            warmup_s=0.2)
-    assert order == ["greedy", "mtp", "dspark"]  # each policy once, the reference between them
-    priced = out["greedy"].mean_priced_s[0]
-    assert out["greedy"].reference_excess_s == pytest.approx((0.103 - priced,))
-    assert out["greedy"].mean_excess_s == pytest.approx((0.002,))
-    assert out["dspark"].mean_excess_s == pytest.approx((-0.003,))
-    assert out["dspark"].entry() == {"fixed_s": 0.0, "per_candidate_s": 0.0}  # no negative decision time
 
 
 def test_a_probe_never_full_is_an_error(monkeypatch, default_profile):

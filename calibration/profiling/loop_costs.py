@@ -383,9 +383,8 @@ def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, 
 
 SCHEDULER_SOURCE = (
     "measured on this host. Policies the loop probe ran (scheduler.policies.<name> of each validated dynamic "
-    "policy): the mean excess of its own steps in the serving loop over the shared step model, less that of a "
-    "static mtp<g> run beside it at each R (metadata.policy_steps), from probe runs separate from the validated "
-    f"runs (random prompts, seed + {PROBE_SEED_OFFSET}); the isolated decision timings in "
-    "metadata.isolated_decisions. Default and other policies: a decision's marginal cost between a drafter pass "
-    "and a verifier forward, minus mtp's (already in the loop costs); mtp: 0. inline: the serving loop decides on "
-    "the critical path")
+    "policy): the mean excess of its own steps in the serving loop over the shared step model (fixed + per "
+    f"candidate fit; metadata.policy_steps), from probe runs separate from the validated runs (random prompts, "
+    f"seed + {PROBE_SEED_OFFSET}); the isolated decision timings in metadata.isolated_decisions. Default and "
+    "other policies: a decision's marginal cost between a drafter pass and a verifier forward, minus mtp's "
+    "(already in the loop costs); mtp: 0. inline: the serving loop decides on the critical path")

@@ -26,18 +26,6 @@ of greedy and dspark 2-3% cheap. A single probed R gets the line (its mean, no s
 
 The probe's requests are its own: random prompts (not the validation's domain
 prompts) and a seed offset from the validated runs' seeds.
-
-The shared model is measured earlier in the profile pass (the loop probe), and the
-machine's speed moves between the two: on the trained models one pass's excess of
-greedy or dspark at one R ranged from -1.7 to +2.9 ms on steps of 11-20 ms, and the
-greedy and dspark figures of a pass moved together. So at each R the probe also runs
-the static ``mtp<g>``, whose steps the shared model was fitted to, between the
-policies of that draft length, on the same requests; its mean excess there is what
-the shared model misses at that moment (the machine's state, and the fit's own error
-at that R; about 0 when neither moved), and each policy's excess is taken beside it
-(``reference_excess_s`` keeps what was taken out). A policy is
-then priced as the shared model's ``mtp<g>`` step plus what it costs beyond that
-step measured side by side, as the mixed-step probe does with its decode-only steps.
 """
 
 from __future__ import annotations
@@ -90,8 +78,6 @@ class PolicyExcess:
     num_steps: int
     num_requests: tuple[int, ...] = ()  # [NR] the probed R
     draft_tokens: int = 1  # g
-    # [NR] the reference mtp<g> run's mean excess beside the policy's at each R, already taken out of mean_excess_s
-    reference_excess_s: tuple[float, ...] = ()
 
     def entry(self) -> dict[str, float | list[float]]:
         """The profile's ``scheduler.policies.<name>`` entry: the mean excess over the candidates ``R * g`` of the
@@ -155,43 +141,26 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
     probed = tuple(r for r in num_requests if r * (1 + gamma) <= profile.max_batch_tokens)
     traffic_of = partial(TrafficSpec, arrival="closed", max_prompt_tokens=max_lengths[0],
                          max_output_tokens=max_lengths[1], lengths={d: lengths for d in ("math", "code", "chat")})
-    todo: dict[str, tuple[str, int]] = {}  # policy name -> (the name asked for, g), each policy once
+    out = {}
     for name in policies:
         policy = make_policy(name)
-        if policy.draft_tokens(gamma) > 0:
-            todo.setdefault(policy.name, (name, policy.draft_tokens(gamma)))
-    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in todo}
-    offsets: dict[str, list[float]] = {name: [] for name in todo}
-    for r in probed:
-        ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
-        run = partial(_excess_steps, verifier, drafter, profile, gamma, r, traffic_of(num_users=r),
-                      probe_duration_s(duration_s, r), ramp_s, warmup_s, seed + PROBE_SEED_OFFSET, clock)
-        for g in sorted({g for _, g in todo.values()}):
-            names = [key for key, (_, k) in todo.items() if k == g]
-            # the reference in the middle of the policies of its g: its excess is the machine's state beside theirs
-            order: list[str | None] = [*names[:len(names) // 2], None, *names[len(names) // 2:]]
-            runs = {key: run(f"mtp{g}" if key is None else todo[key][0], g) for key in order}
-            reference_s = float(runs.pop(None)["excess_s"].mean())
-            for key, steps in runs.items():
-                assert key is not None
-                frames[key].append(steps.assign(excess_s=steps["excess_s"] - reference_s))
-                offsets[key].append(reference_s)
-    return {key: replace(fit_excess(pd.concat(frames[key], ignore_index=True), g),
-                         reference_excess_s=tuple(offsets[key])) for key, (_, g) in todo.items()}
-
-
-def _excess_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, gamma: int, users: int,
-                  traffic: TrafficSpec, probe_s: float, ramp_s: float, warmup_s: float, seed: int, clock: ClockKind,
-                  name: str, draft_tokens: int) -> pd.DataFrame:
-    """The full-batch steps of ``name``'s probe at ``users`` with their shared-model price ``priced_s`` and
-    ``excess_s``, the cycle beyond it; a ValueError when the probe ran none."""
-    steps = _probe_steps(verifier, drafter, profile, name, gamma, users, traffic, probe_s + ramp_s,
-                         warmup_s + ramp_s, seed, clock, probe_s)
-    if steps.empty:
-        raise ValueError(f"the {name} step probe ran no full-batch step at {users} users, even "
-                         f"{PROBE_STRETCHES[-1] * probe_s:g} s after the first prefills; lengthen it (duration_s)")
-    priced = priced_steps_s(steps, profile, drafter.kind, make_policy(name).name, draft_tokens)
-    return steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=users)
+        g = policy.draft_tokens(gamma)
+        if g == 0 or policy.name in out:
+            continue
+        frames = []
+        for r in probed:
+            ramp_s = r * float(profile.prefill_s(lengths.prompt_median_tokens))  # the r first prefills
+            steps = _probe_steps(verifier, drafter, profile, name, gamma, r, traffic_of(num_users=r),
+                                 probe_duration_s(duration_s, r) + ramp_s, warmup_s + ramp_s,
+                                 seed + PROBE_SEED_OFFSET, clock, probe_duration_s(duration_s, r))
+            if steps.empty:
+                longest_s = PROBE_STRETCHES[-1] * probe_duration_s(duration_s, r)
+                raise ValueError(f"the {name} step probe ran no full-batch step at {r} users, even {longest_s:g} "
+                                 "s after the first prefills; lengthen it (duration_s)")
+            priced = priced_steps_s(steps, profile, drafter.kind, name, g)
+            frames.append(steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=r))
+        out[policy.name] = fit_excess(pd.concat(frames, ignore_index=True), g)
+    return out
 
 
 def fit_excess(steps: pd.DataFrame, draft_tokens: int) -> PolicyExcess:
