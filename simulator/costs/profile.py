@@ -200,7 +200,7 @@ class HardwareProfile:
         if table is None or np.size(chunk_tokens) == 0:
             return 0.0
         seconds = table(context_tokens, chunk_tokens)
-        if not drafting and self.chunk_draft is not None and table is self.chunk_attention:
+        if not drafting and self.chunk_draft is not None:  # on the chunk_attention table's axes, so it is in use
             seconds = seconds - self.chunk_draft(context_tokens, chunk_tokens)
         return float(seconds.sum())
 
