@@ -30,6 +30,14 @@ def test_max_rounds_is_checked_at_start() -> None:
     assert ValidationConfig().max_rounds is None
 
 
+@pytest.mark.parametrize("target", [0.0, -0.01, STEADY_MAX_PROFILE_PRICE_SE * 1.001, float("nan")])
+def test_a_target_price_error_outside_0_to_the_steady_bound_is_refused_at_start(target: float) -> None:
+    with pytest.raises(ValueError, match=r"target_price_se must lie in \(0, 0\.02507\] \(the steady bound\)"):
+        ValidationConfig(target_price_se=target)
+    assert parse_args(["--max-rounds", "9", "--target-price-se", "0.01"])[0].target_price_se == 0.01
+    assert ValidationConfig(target_price_se=STEADY_MAX_PROFILE_PRICE_SE).target_price_se > 0  # the bound itself
+
+
 @pytest.mark.parametrize(("duration_s", "warmup_s", "planned"), [(15.0, 0.5, 5), (4.0, 0.5, 5), (2.0, 0.3, 2),
                                                                  (8.0, 0.5, 2), (15.0, 0.5, 9)])
 def test_a_run_with_more_rounds_keeps_the_slice_length(duration_s: float, warmup_s: float, planned: int) -> None:
@@ -56,12 +64,13 @@ def _fake_rounds(monkeypatch, price_ses: list[float]) -> list[str]:
 @pytest.mark.parametrize(("price_ses", "served"), [
     ([0.05, 0.01], 3),  # too wide after the 2 rounds asked for, narrow enough after one more
     ([0.05, 0.05, 0.05], 5),  # never narrow enough: up to max_rounds, no further
-    ([STEADY_MAX_PROFILE_PRICE_SE], 2),  # at the bound is steady
+    ([0.015], 2),  # at the target is narrow enough
+    ([0.0151, 0.02, 0.015], 4),  # steady (below 2.51%) but above the target: rounds until it is met
     ([float("nan"), 0.01], 3),  # NaN (one pass cannot tell) counts as not narrow enough
 ])
 def test_max_rounds_adds_rounds_while_the_passes_disagree(monkeypatch, price_ses: list[float], served: int) -> None:
     lines = _fake_rounds(monkeypatch, price_ses)
-    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=5)
+    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=5, target_price_se=0.015)
     probe_log: list[dict] = []
     passes, reals = rounds.measure_rounds(cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
                                                                description="none"),
@@ -139,15 +148,14 @@ def test_slices_that_decide_the_verdict_on_the_last_planned_round_stop_a_run_max
 
 
 @pytest.mark.slow  # ~60 s: acceptance logs, three profile passes and three rounds of real slices
-def test_a_run_extended_by_max_rounds_reports_and_recombines_the_rounds_it_served(tmp_path, monkeypatch,
-                                                                                  capsys) -> None:
-    """With the steady bound at 0 no pair of passes is close enough, so a run asked for 1 round goes on to its
+def test_a_run_extended_by_max_rounds_reports_and_recombines_the_rounds_it_served(tmp_path, capsys) -> None:
+    """With a target of 1e-9 no pair of passes is close enough, so a run asked for 1 round goes on to its
     max_rounds of 3: three passes and three slices per point, the measured window three times as long, the report
     saying so, and config.json holding the rounds served, from which recombine gives back its figures exactly."""
-    monkeypatch.setattr(rounds, "STEADY_MAX_PROFILE_PRICE_SE", 0.0)
     out = tmp_path / "out"
     result = main(["--models", "random", "--users", "1,2", "--policies", "mtp1", "--duration-s", "1.3",
-                   "--warmup-s", "0.3", "--rounds", "1", "--max-rounds", "3", "--profile-repeats", "1",
+                   "--warmup-s", "0.3", "--rounds", "1", "--max-rounds", "3", "--target-price-se", "1e-9",
+                   "--profile-repeats", "1",
                    "--log-requests", "4", "--output-tokens", "16", "--drift-tolerance", "10", "--out", str(out)])
     err = capsys.readouterr().err
     assert "one profile pass cannot tell its own error: one more round, 2 of at most 3" in err

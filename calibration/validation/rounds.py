@@ -7,7 +7,7 @@ what is left is the model's error; each round starts at a different point, so th
 machine tends to slow down over a round).
 
 With ``max_rounds``, a run goes on past ``rounds`` while its passes still disagree about the price of the points'
-real steps (:func:`~calibration.validation.points.run_price_se` above
+real steps (:func:`~calibration.validation.points.run_price_se` above ``target_price_se``, at most
 :data:`~calibration.validation.report.STEADY_MAX_PROFILE_PRICE_SE`, the bound above which the report calls the
 machine not steady): each extra round adds a pass, whose spread shrinks as one over the square root of their
 number, and a slice of every point, of the same length. With ``stop_when_unsteady`` a run stops after a round
@@ -117,7 +117,7 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
     extend = round_idx == planned < (cfg.max_rounds or 0)
     stop_on_price = cfg.stop_when_unsteady and round_idx < most and len(passes) >= 2
     price_se = run_price_se(cfg, reals, passes) if extend or stop_on_price else float("nan")
-    extend = extend and not price_se <= STEADY_MAX_PROFILE_PRICE_SE  # NaN (one pass) tells nothing: one more too
+    extend = extend and not price_se <= cfg.target_price_se  # NaN (one pass) tells nothing: one more too
     # A round is the last when none is planned after it and --max-rounds adds none: then the run reports.
     if unsteady and cfg.stop_when_unsteady and (round_idx < planned or extend):
         raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}", probes)
@@ -129,7 +129,7 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
         planned += 1
         spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
                   f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
-                  f"of {100 * price_se:.2f}% (steady: at most {100 * STEADY_MAX_PROFILE_PRICE_SE:.2f}%)")
+                  f"of {100 * price_se:.2f}% (target: at most {100 * cfg.target_price_se:.2f}%)")
         progress(f"{spread}: one more round, {planned} of at most {cfg.max_rounds}")
     return planned
 

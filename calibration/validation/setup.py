@@ -36,6 +36,7 @@ from calibration.serving.loop import PrefillMode, PromptSource, random_prompts
 from calibration.serving.specdec import ContextCost
 from calibration.training.corpora import corpus_prompts
 from calibration.validation.passes import DEFAULT_RULE, check_rule
+from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE
 from policies import make_policy
 from policies.driver import CostSource
 from simulator import ClusterSpec, DrafterSpec, EngineLimits, SimulationSpec, simulate
@@ -67,8 +68,12 @@ class ValidationConfig:
     warmup_s: float = 0.5
     rounds: int = 5  # real runs split into this many slices, run round-robin over the points
     # go on past ``rounds``, a round at a time up to this many, while the profile passes price the points' real
-    # steps with a mean standard error above the steady bound (points.run_price_se); None: exactly ``rounds``
+    # steps with a mean standard error above ``target_price_se`` (points.run_price_se); None: exactly ``rounds``
     max_rounds: int | None = None
+    # the passes' price standard error at which ``max_rounds`` stops adding rounds: at most the steady bound
+    # (report.STEADY_MAX_PROFILE_PRICE_SE, 2.51%, where the price alone would put an exact simulator's mean
+    # |error| at 2%); at 1.5% that share is 1.2%, which leaves room for the acceptance's own error
+    target_price_se: float = 0.015
     prefill: PrefillMode = "disaggregated"
     log: str | None = None
     log_requests: int = 64
@@ -109,6 +114,9 @@ class ValidationConfig:
         if self.max_rounds is not None and self.profile is not None:
             raise ValueError("max_rounds extends a run while its profile passes disagree; with a given profile "
                              "there is one pass: leave out profile or max_rounds")
+        if not 0 < self.target_price_se <= STEADY_MAX_PROFILE_PRICE_SE:
+            raise ValueError(f"target_price_se must lie in (0, {STEADY_MAX_PROFILE_PRICE_SE:.5f}] (the steady "
+                             f"bound), got {self.target_price_se}")
         if not 0 <= self.warmup_s < self.duration_s:
             raise ValueError(f"warmup_s must lie in [0, duration_s), got {self.warmup_s} and {self.duration_s}")
         for name in self.policies:

@@ -265,8 +265,11 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--rounds", type=int, default=d.rounds, help="slices per real run, served round-robin over points")
     p.add_argument("--max-rounds", type=int, default=d.max_rounds,
                    help="go on past --rounds, a round at a time up to this many, while the profile passes price the "
-                        "points' real steps with a mean standard error above the steady bound (default: exactly "
+                        "points' real steps with a mean standard error above --target-price-se (default: exactly "
                         "--rounds)")
+    p.add_argument("--target-price-se", type=float, default=d.target_price_se,
+                   help="the profile passes' price standard error (fraction) below which --max-rounds adds no round; "
+                        "at most the steady bound, 0.0251 (default: %(default)s)")
     p.add_argument("--prompt-limit-tokens", type=int, default=d.prompt_limit_tokens,
                    help="longest prompt; longer draws are truncated (default: 4 x --prompt-tokens)")
     p.add_argument("--profile-version", type=int, choices=(1, 2), default=d.profile_version,
