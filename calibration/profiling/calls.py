@@ -8,6 +8,7 @@ the timed region and returns the call to time.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,14 +29,35 @@ def verify_call(model: Verifier, forward: Callable, device: torch.device, gen: t
     return prepare
 
 
+def _own_cache(drafter: Drafter, num_requests: int, max_tokens: int) -> tuple[Any, Any]:
+    """A drafter cache of its own for one timing point, ``(cache, last_feature)``, left off the drafter: the point's
+    cache dies with the point, not with the drafter."""
+    drafter.new_cache(num_requests, max_tokens)
+    own = drafter.cache, drafter.last_feature
+    assert own[0] is not None
+    drafter.cache = drafter.last_feature = None
+    return own
+
+
+def _on_own_cache(drafter: Drafter, own: tuple[Any, Any], work: Callable[[], object]) -> Callable[[], None]:
+    """The timed call: ``work()`` with the point's ``own`` cache (:func:`_own_cache`) swapped into the drafter and
+    out again."""
+    def call() -> None:
+        drafter.cache, drafter.last_feature = own
+        try:
+            work()
+        finally:
+            drafter.cache = drafter.last_feature = None
+    return call
+
+
 def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.Generator,
                num_requests: int, gamma: int) -> Prepare:
     """Sets up one drafter step (one committed token, then ``propose``) of R requests over ``context`` tokens with
     its own cache."""
     def prepare() -> Callable[[], object]:
-        drafter.new_cache(num_requests, context + 1)
-        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
-        assert cache is not None
+        own = _own_cache(drafter, num_requests, context + 1)
+        cache = own[0]
         cache.lengths[:] = context - 1 if context > 0 else 0
         slots = torch.arange(num_requests)
         features = torch.randn(num_requests, drafter.fc.in_features, generator=gen,
@@ -44,13 +66,10 @@ def draft_call(drafter: Drafter, context: int, device: torch.device, gen: torch.
         start = cache.lengths.clone()
 
         def one_step() -> None:
-            drafter.cache, drafter.last_feature = cache, last_feature
             cache.lengths.copy_(start)
             drafter.extend_context(slots, features, [1] * num_requests)
             drafter.propose(anchor, slots, gamma, gen)
-            drafter.cache = drafter.last_feature = None  # the point's cache dies with the point, not the drafter
-        drafter.cache = drafter.last_feature = None
-        return one_step
+        return _on_own_cache(drafter, own, one_step)
     return prepare
 
 
@@ -65,18 +84,12 @@ def chunk_call(model: Verifier, forward: Callable, drafter: Drafter | None, devi
 
     def prepare() -> Callable[[], object]:
         run = verify()
-        drafter.new_cache(1, context + chunk_tokens)
-        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
-        assert cache is not None
+        own = _own_cache(drafter, 1, context + chunk_tokens)
 
         def one_chunk() -> None:
-            out = run()
-            drafter.cache, drafter.last_feature = cache, last_feature
-            cache.lengths[:] = context
-            drafter.extend_context([0], drafter.features_of(out), [chunk_tokens])  # type: ignore[arg-type]
-            drafter.cache = drafter.last_feature = None  # the point's cache dies with the point, not the drafter
-        drafter.cache = drafter.last_feature = None
-        return one_chunk
+            own[0].lengths[:] = context
+            drafter.extend_context([0], drafter.features_of(run()), [chunk_tokens])  # type: ignore[arg-type]
+        return _on_own_cache(drafter, own, one_chunk)
     return prepare
 
 
@@ -85,17 +98,12 @@ def chunk_draft_call(drafter: Drafter, device: torch.device, gen: torch.Generato
     """Sets up the drafter's part of one prefill chunk alone: its context built from ``chunk_tokens`` target
     features over ``context`` computed ones (what :func:`chunk_call` adds to the verifier's forward)."""
     def prepare() -> Callable[[], object]:
-        drafter.new_cache(1, context + chunk_tokens)
-        cache, last_feature = drafter.cache, drafter.last_feature  # this point's own cache
-        assert cache is not None
+        own = _own_cache(drafter, 1, context + chunk_tokens)
         features = torch.randn(chunk_tokens, drafter.fc.in_features, generator=gen,
                                device=device).to(drafter.fc.weight)
 
         def one_build() -> None:
-            drafter.cache, drafter.last_feature = cache, last_feature
-            cache.lengths[:] = context
+            own[0].lengths[:] = context
             drafter.extend_context([0], features, [chunk_tokens])  # type: ignore[arg-type]
-            drafter.cache = drafter.last_feature = None
-        drafter.cache = drafter.last_feature = None
-        return one_build
+        return _on_own_cache(drafter, own, one_build)
     return prepare

@@ -41,9 +41,10 @@ from calibration.profiling.policy_steps import (
     fit_excess,
     probe_duration_s,
     probe_pricing,
+    serve_stretched,
 )
 from calibration.profiling.step_prices import priced_cycles, priced_steps_s
-from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
+from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
 from policies import make_policy
 from simulator.costs import HardwareProfile
@@ -51,6 +52,9 @@ from simulator.specs import EngineLimits
 from traces.synthetic import LengthSpec, TrafficSpec
 
 PROBE_POLICY = "mtp1"
+# A probe run with fewer mixed steps after its warm-up than this runs again, longer (policy_steps.serve_stretched):
+# under load a short run can hold none at all
+MIN_MIXED_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,18 @@ def _probe(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, gamma
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size),
                            probe_pricing(profile, drafter.kind, g), "mixed-step probe")
     limits = EngineLimits(users, 1_000_000, max_num_batched_tokens=token_budget)
-    results = serve(ServingSpec(policy, gamma, traffic, limits, duration_s=duration_s, warmup_s=warmup_s,
-                                seed=seed, prefill="chunked", clock=clock), models)
+    spec = ServingSpec(policy, gamma, traffic, limits, duration_s=duration_s, warmup_s=warmup_s, seed=seed,
+                       prefill="chunked", clock=clock)
+    results = serve_stretched(models, spec, duration_s,
+                              lambda run: _mixed(priced_cycles(run.steps, warmup_s)).sum() >= MIN_MIXED_STEPS)
     kept = priced_cycles(results.steps, warmup_s)
     priced = priced_steps_s(kept, profile, drafter.kind, policy.name, g, policy.synchronous, results.chunks)
-    mixed = (kept["prefill_tokens"] > 0) & (kept["num_requests"] > 0)
-    return kept.assign(priced_s=priced, excess_s=kept["cycle_s"] - priced, mixed=mixed, users=users)
+    return kept.assign(priced_s=priced, excess_s=kept["cycle_s"] - priced, mixed=_mixed(kept), users=users)
+
+
+def _mixed(steps: pd.DataFrame) -> pd.Series:
+    """Which steps ran prefill chunks beside decoding requests."""
+    return (steps["prefill_tokens"] > 0) & (steps["num_requests"] > 0)
 
 
 def measure_mixed_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],

@@ -30,6 +30,7 @@ prompts) and a seed offset from the validated runs' seeds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -105,13 +106,18 @@ def full_batch_cycles(steps: pd.DataFrame, warmup_s: float, users: int) -> pd.Da
     return steps.assign(cycle_s=cycle_s)[keep]
 
 
-def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float) -> Any:
+def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float,
+                    enough: Callable[[Any], bool] | None = None) -> Any:
     """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
-    stretch of ``PROBE_STRETCHES`` until a run holds ``MIN_FULL_BATCH_STEPS`` :func:`full_batch_cycles`; the last
-    run."""
+    stretch of ``PROBE_STRETCHES`` until a run is ``enough`` (default: it holds ``MIN_FULL_BATCH_STEPS``
+    :func:`full_batch_cycles`); the last run."""
+    if enough is None:
+        def enough(result: Any) -> bool:
+            cycles = full_batch_cycles(result.steps, spec.warmup_s, spec.traffic.num_users)
+            return len(cycles) >= MIN_FULL_BATCH_STEPS
     for stretch in PROBE_STRETCHES:
         result = serve(replace(spec, duration_s=spec.duration_s + (stretch - 1) * probe_s), models)
-        if len(full_batch_cycles(result.steps, spec.warmup_s, spec.traffic.num_users)) >= MIN_FULL_BATCH_STEPS:
+        if enough(result):
             break
     return result
 
