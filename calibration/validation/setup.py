@@ -67,12 +67,8 @@ class ValidationConfig:
     duration_s: float = 4.0
     warmup_s: float = 0.5
     rounds: int = 5  # real runs split into this many slices, run round-robin over the points
-    # go on past ``rounds``, a round at a time up to this many, while the profile passes price the points' real
-    # steps with a mean standard error above ``target_price_se`` (points.run_price_se); None: exactly ``rounds``
-    max_rounds: int | None = None
-    # the passes' price standard error at which ``max_rounds`` stops adding rounds: at most the steady bound
-    # (report.STEADY_MAX_PROFILE_PRICE_SE, 2.51%, where the price alone would put an exact simulator's mean
-    # |error| at 2%); at 1.5% that share is 1.2%, which leaves room for the acceptance's own error
+    max_rounds: int | None = None  # add rounds up to this many while the passes' price se > target_price_se
+    # at most the steady bound (2.51%: the price alone puts an exact simulator's mean |error| at 2%); at 1.5%, 1.2%
     target_price_se: float = 0.015
     prefill: PrefillMode = "disaggregated"
     log: str | None = None
