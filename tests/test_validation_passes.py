@@ -58,6 +58,29 @@ def test_the_trimmed_mean_drops_each_elements_extremes() -> None:
     assert two.prefill_fixed_s == pytest.approx(2.0 * FIRST.prefill_fixed_s)
 
 
+def with_policy_excess(raw_excess_s: list[float]) -> object:
+    """The first pass with a dynamic policy's probe excess as the profiler writes it: the raw per-R means in
+    metadata.policy_steps, the entry clamped at 0."""
+    raw = copy.deepcopy(FIRST.raw)
+    raw["scheduler"] = {**raw["scheduler"], "inline": True, "policies": {"greedy": {
+        "num_candidates": [7.0, 14.0], "s": [max(e, 0.0) for e in raw_excess_s]}}}
+    raw["metadata"] = {**raw["metadata"], "policy_steps": {"greedy": {"mean_excess_s": raw_excess_s}}}
+    return profile_from_dict(raw)
+
+
+@pytest.mark.parametrize("rule", COMBINE_RULES)
+def test_a_policys_excess_is_combined_raw_and_clamped_after(rule: str) -> None:
+    """Four passes whose excess at R = 1 is -1, -0.5, 0.2 and 0.5 ms: their clamped entries (0, 0, 0.2, 0.5) would
+    combine to 0.175 ms by the mean and 0.1 by the median and the trimmed mean; the raw ones combine to -0.2, -0.15
+    and -0.15 ms, which is 0 once clamped. At R = 2 the combination of positive figures is what it was."""
+    passes = [with_policy_excess([r1, r2]) for r1, r2 in ((-1e-3, 1e-4), (-5e-4, 2e-4), (2e-4, 3e-4), (5e-4, 4e-4))]
+    combined = combine_passes(passes, rule)
+    assert combined.scheduler_s(7, "greedy") == 0.0
+    raw_r1 = combined.metadata["policy_steps"]["greedy"]["mean_excess_s"][0]
+    assert raw_r1 == pytest.approx({"mean": -2e-4, "median": -1.5e-4, "trimmed": -1.5e-4}[rule])
+    assert combined.scheduler_s(14, "greedy") == pytest.approx(2.5e-4)  # 0.1-0.4 ms: 0.25 by every rule
+
+
 def test_passes_on_other_grids_or_an_unknown_rule_are_refused() -> None:
     short = copy.deepcopy(FIRST.raw)
     short["verify"]["steps_per_s"].pop()
