@@ -40,7 +40,7 @@ import pandas as pd
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.profiling.step_prices import priced_steps_s
+from calibration.profiling.step_prices import excess_entry_s, priced_steps_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import ContextCost
@@ -87,7 +87,8 @@ class PolicyExcess:
         if len(self.num_requests) < 2:
             return {"fixed_s": self.fixed_s, "per_candidate_s": self.per_candidate_s}
         return {"num_candidates": [float(r * self.draft_tokens) for r in self.num_requests],
-                "s": [max(e, 0.0) for e in self.mean_excess_s]}
+                "s": excess_entry_s(self.mean_excess_s)}
+
 
 
 def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> CostSource | ContextCost:

@@ -126,6 +126,12 @@ def priced_cycles(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
     return steps[keep].assign(cycle_s=cycle_s[keep])
 
 
+def excess_entry_s(mean_excess_s: Sequence[float]) -> list[float]:
+    """A profile's ``scheduler.policies.<name>.s`` from a policy's raw mean excess per probed R: none below 0 (a
+    decision takes no negative time)."""
+    return [max(float(e), 0.0) for e in mean_excess_s]
+
+
 def step_cost_ratio(slices: Sequence[pd.DataFrame], profile: HardwareProfile, drafter: str, policy: str,
                     draft_tokens: int, warmup_s: float, synchronous: bool = False,
                     chunks: Sequence[pd.DataFrame] | None = None) -> float:

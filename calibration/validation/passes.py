@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from calibration.profiling.step_prices import excess_entry_s
 from simulator.costs import HardwareProfile, profile_from_dict
 from simulator.costs.schema import VERIFY_SECONDS
 
@@ -100,7 +101,7 @@ def _clamp_policy_excess_after_combining(data: dict[str, Any]) -> None:
     for name, fit in data.get("metadata", {}).get("policy_steps", {}).items():
         entry, raw = entries.get(name, {}), fit.get("mean_excess_s")
         if "s" in entry and raw is not None and len(raw) == len(entry["s"]):
-            entry["s"] = [max(float(e), 0.0) for e in raw]
+            entry["s"] = excess_entry_s(raw)
 
 
 def price_se_factor(rule: str) -> float:
