@@ -109,7 +109,7 @@ def test_validation_reads_the_drift_from_the_measure_asked_for() -> None:
     before, after, passes = drift_readings(probes, "probe")
     assert before.tolist() == [2.0] and after.tolist() == [4.0] and passes.tolist() == [2.0, 2.0]
     assert parse_args(["--drift-measure", "meter"])[0].drift_measure == "meter"
-    with pytest.raises(ValueError, match="drift_measure must be 'probe' or 'meter'"):
+    with pytest.raises(ValueError, match="drift_measure must be one of probe, meter"):
         ValidationConfig(drift_measure="canary")
     with pytest.raises(ValueError, match="cannot with a given profile"):
         ValidationConfig(drift_measure="meter", profile="profile.json")

@@ -19,6 +19,7 @@ from calibration.serving.clock import LoopClock
 from calibration.validation.agreement import main as agreement_main
 from calibration.validation.points import (
     device_busy_fraction,
+    drift_correction,
     drift_weight,
     least_refused,
     profile_price_se,
@@ -158,6 +159,29 @@ def test_drift_weight_corrects_what_the_probe_can_tell_from_its_own_noise() -> N
     assert drift_weight(np.zeros(3), before[:3], after[:3]) == 0.0
 
 
+def test_the_drift_correction_measures_from_the_run_s_own_slices_or_from_the_profile_passes() -> None:
+    """Passes read 10 ms; four slices 10.2-10.6 ms (drifts +2..+6% against the passes) and one at 12 ms (+20%,
+    refused at 10%). Against the passes the correction is the screened drifts themselves; against the slices it
+    is each reading over the kept slices' mean (10.4 ms), so the run's common +4% is left alone and the refused
+    slice's departure is measured from that level too. Its weight counts the level's own error: the kept
+    readings' relative variance over their number."""
+    pass_s = np.array([10.0, 10.0, 10.0])
+    slice_s = np.array([10.2, 10.6, 10.4, 10.4, 12.0])
+    before, after = slice_s * 0.999, slice_s * 1.001
+    drifts = slice_drifts(before, after, pass_s)
+    assert drifts == pytest.approx([0.02, 0.06, 0.04, 0.04, 0.2])
+    same, weight = drift_correction(drifts, before, after, pass_s, 0.1, "passes")
+    assert same is drifts and weight == drift_weight(drifts, before, after, pass_s)
+    centred, weight = drift_correction(drifts, before, after, pass_s, 0.1, "slices")
+    assert centred == pytest.approx([10.2 / 10.4 - 1, 10.6 / 10.4 - 1, 0.0, 0.0, 12.0 / 10.4 - 1])
+    kept = slice_s[:4] / slice_s[:4].mean()
+    noise = 0.001 ** 2
+    assert weight == pytest.approx(1 - (noise + np.var(kept, ddof=1) / 4) / np.mean(centred ** 2))
+    # a run whose every slice reads 2% off the passes, alike: nothing to correct against its own level
+    level, weight = drift_correction(np.full(4, 0.02), np.full(4, 10.2), np.full(4, 10.2), pass_s, 0.1, "slices")
+    assert level == pytest.approx(np.zeros(4)) and weight == 0.0
+
+
 def _points(slices_kept: list[int], slices: int = 5) -> pd.DataFrame:
     kept = np.array(slices_kept)
     return pd.DataFrame({"policy": "mtp1", "num_users": np.arange(1, kept.size + 1), "slices": slices,
@@ -200,6 +224,8 @@ def test_the_drift_note_names_the_measure_the_run_read() -> None:
     assert "not reported (spoiled by drift): mtp1 x2" in probe and "weight 0.81 (1 - the reference probe's" in probe
     assert "(speed meter beyond +-10%" in meter and "the speed meter's own noise" in meter and "probe" not in meter
     assert drift_note(points.drop(columns="slices_kept"), 0.1, "meter") == ""  # no drift screening
+    assert "correction against the kept slices' mean reading, weight 0.81" in probe
+    assert "correction against the profile passes' reading" in drift_note(points, 0.1, "probe", "passes")
 
 
 def test_sampling_se_is_one_draws_spread_plus_the_mean_of_the_draws() -> None:

@@ -72,6 +72,25 @@ def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) 
     return 0.5 * (np.asarray(before_s) + np.asarray(after_s)) / np.median(pass_s) - 1
 
 
+def drift_correction(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray,
+                     tolerance: float, reference: str) -> tuple[np.ndarray, float]:
+    """Each slice's drift to correct its real figures for, and the share of it corrected (:func:`drift_weight`).
+
+    ``passes``: the drifts the refusal screens (:func:`slice_drifts`: against the profile passes' median reading).
+    ``slices``: against the mean reading of the slices within ``tolerance`` of the passes, so that only a slice's
+    departure from the run's own level is corrected. A run profiles and serves in alternating rounds, so a change
+    of the machine's speed that lasts reaches the passes' price as it reaches the slices; what the probe reads
+    between the two phases on average is mostly its own context (what ran just before it: a profile pass or a
+    serving slice), and on the 2-core machines it did not carry to the served steps (``docs/validation.md``)."""
+    if reference == "passes":
+        return drifts, drift_weight(drifts, before_s, after_s, pass_s)
+    readings = 0.5 * (np.asarray(before_s, dtype=np.float64) + np.asarray(after_s, dtype=np.float64))
+    kept = np.abs(drifts) <= tolerance
+    level = readings[kept] if kept.any() else readings
+    centred = readings / level.mean() - 1
+    return centred, drift_weight(centred, before_s, after_s, level)
+
+
 def reference_range(pass_s: np.ndarray, total_passes: int) -> tuple[float, float]:
     """The values the final drift reference (the median of every profile pass's reading) can still take when only
     ``pass_s`` of ``total_passes`` passes have run: lowest with every later pass reading 0, highest with every
@@ -142,13 +161,14 @@ def round_progress(probes: pd.DataFrame, cfg: ValidationConfig, rounds_done: int
 
 def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[Any]], reals: list[Any],
                  drifts: np.ndarray, profile: HardwareProfile, weight: float = 1.0,
-                 passes: Sequence[HardwareProfile] = ()) -> dict[str, Any]:
-    """A point's row, corrected for the machine's drift: slice k of the real loop ran ``1 + drifts[k]`` times as
-    slow as the machine did while profiling (reference probe; across slices the simulator's error follows it with
-    a slope near 1), so its throughput and tok/s/user are scaled by ``1 + weight * drifts[k]`` (``weight``: the
-    share of the drift the probe can tell from its own noise, :func:`drift_weight`; ``*_err`` corrected,
-    ``*_err_raw`` as measured). ``sims[k]``: the simulator's runs of slice k (its acceptance draws), pooled. A
-    slice beyond ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
+                 passes: Sequence[HardwareProfile] = (), corrections: np.ndarray | None = None) -> dict[str, Any]:
+    """A point's row, corrected for the machine's drift: slice k of the real loop ran ``1 + corrections[k]`` times
+    as slow as the machine's reference speed (default ``drifts``; see :func:`drift_correction`; across slices the
+    simulator's error follows it with a slope near 1), so its throughput and tok/s/user are scaled by
+    ``1 + weight * corrections[k]`` (``weight``: the share of the drift the probe can tell from its own noise,
+    :func:`drift_weight`; ``*_err`` corrected, ``*_err_raw`` as measured). ``sims[k]``: the simulator's runs of
+    slice k (its acceptance draws), pooled. A slice whose ``drifts[k]`` (against the profile passes) is beyond
+    ``cfg.drift_tolerance`` is refused (slice k of the simulator goes
     with it); fewer than half the slices kept: the point is not reported (its errors NaN, ``spoiled``).
 
     Every slice of the simulator prices with the same combined profile, so the spread over slices
@@ -160,7 +180,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
     row = point_row(*point, pooled([run for k in use for run in sims[k]]), pooled([reals[k] for k in use]),
                     float(np.mean(drifts[use])))
     real_tps = np.array([reals[k].summary["output_tokens_per_s"] for k in use])
-    corrected = weight * drifts[use]
+    corrected = weight * (drifts if corrections is None else corrections)[use]
     factor = float(np.sum(real_tps * (1 + corrected)) / np.sum(real_tps))
     for name in TARGET_METRICS:
         row[f"{name}_real_raw"], row[f"{name}_err_raw"] = row[f"{name}_real"], row[f"{name}_err"]

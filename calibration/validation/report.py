@@ -1,8 +1,7 @@
 """Side-by-side tables and the frontier figure of a sim-vs-real validation (pure: DataFrames in, text/Figure out).
 
-One *point* is one (policy, concurrency) pair run twice: by the simulator and by
-the real serving loop. The relative error of a metric is ``(sim - real) / real``.
-"""
+One *point* is one (policy, concurrency) pair run twice: by the simulator and by the real serving loop. The
+relative error of a metric is ``(sim - real) / real``."""
 
 from __future__ import annotations
 
@@ -191,11 +190,12 @@ class MachineNotSteady(RuntimeError):
 
 
 DRIFT_MEASURES = {"probe": "reference probe", "meter": "speed meter"}  # --drift-measure -> what the report calls it
+REFERENCES = {"slices": "the kept slices' mean reading", "passes": "the profile passes' reading"}  # --drift-reference
 
 
-def drift_note(table: pd.DataFrame, tolerance: float, measure: str = "probe") -> str:
+def drift_note(table: pd.DataFrame, tolerance: float, measure: str = "probe", reference: str = "slices") -> str:
     """How many slices drift refused, which points it spoiled and how much of the drift the errors are corrected
-    for (empty without drift screening); ``measure``: the drift measure read (a key of :data:`DRIFT_MEASURES`)."""
+    for, and against what (empty without drift screening); ``measure``: a key of :data:`DRIFT_MEASURES`."""
     if "slices_kept" not in table:
         return ""
     spoiled = table[table["spoiled"]]
@@ -207,8 +207,8 @@ def drift_note(table: pd.DataFrame, tolerance: float, measure: str = "probe") ->
                                                                    zip(spoiled["policy"], spoiled["num_users"],
                                                                        strict=True))
     if "drift_weight" in table and len(table):
-        text += (f"; drift correction weight {table['drift_weight'].iloc[0]:.2f} (1 - the {DRIFT_MEASURES[measure]}'s "
-                 "own noise over the drifts' mean square)")
+        text += (f"; drift correction against {REFERENCES[reference]}, weight {table['drift_weight'].iloc[0]:.2f} "
+                 f"(1 - the {DRIFT_MEASURES[measure]}'s own noise over the drifts' mean square)")
     return text
 
 

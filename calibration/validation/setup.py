@@ -87,6 +87,9 @@ class ValidationConfig:
     # what measures the drift: "probe" (speed_reference, timed before and after each pass and slice) or "meter"
     # (the canary timed before every serving step, the passes' loop probes and the slices: serving.speed_meter)
     drift_measure: str = "probe"
+    # what the correction measures each slice's drift from (points.drift_correction): "slices" (the mean reading of
+    # the run's kept slices) or "passes" (the profile passes' median reading, as the refusal does)
+    drift_reference: str = "slices"
     # stop after a round once the slices so far make a not-steady report certain (points.least_refused)
     stop_when_unsteady: bool = False
     # the simulator runs each slice with this many draws of the acceptance process (same requests, other logged
@@ -97,10 +100,6 @@ class ValidationConfig:
     def __post_init__(self) -> None:
         if not self.policies or not self.users or min(self.users) < 1:
             raise ValueError(f"need >= 1 policy and user counts >= 1, got {self.policies}, {self.users}")
-        if self.models not in ("auto", "trained", "random"):
-            raise ValueError(f"models must be auto, trained or random, got {self.models!r}")
-        if self.acceptance not in ("replay", "fitted"):
-            raise ValueError(f"acceptance must be replay or fitted, got {self.acceptance!r}")
         if self.domain not in (*DOMAINS, "mixed"):
             raise ValueError(f"domain must be one of {', '.join(DOMAINS)} or mixed, got {self.domain!r}")
         if min(self.prompt_tokens, self.output_tokens, self.log_requests, self.gamma, self.rounds) < 1:
@@ -124,10 +123,11 @@ class ValidationConfig:
         if self.token_budget is not None and self.token_budget < max(self.users):
             raise ValueError(f"token_budget ({self.token_budget}) must leave each of max(users) = {max(self.users)} "
                              "decoding requests its one token per step")
-        if self.clock not in ("cpu", "wall"):
-            raise ValueError(f"clock must be 'cpu' or 'wall', got {self.clock!r}")
-        if self.drift_measure not in ("probe", "meter"):
-            raise ValueError(f"drift_measure must be 'probe' or 'meter', got {self.drift_measure!r}")
+        for key, valid in (("models", ("auto", "trained", "random")), ("acceptance", ("replay", "fitted")),
+                           ("clock", ("cpu", "wall")), ("drift_measure", ("probe", "meter")),
+                           ("drift_reference", ("slices", "passes"))):
+            if getattr(self, key) not in valid:
+                raise ValueError(f"{key} must be one of {', '.join(valid)}, got {getattr(self, key)!r}")
         if self.drift_measure == "meter" and self.profile is not None:
             raise ValueError("drift_measure 'meter' reads the machine during profiling (its loop probes); "
                              "it cannot with a given profile: leave out profile or use drift_measure 'probe'")

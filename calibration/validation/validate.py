@@ -48,7 +48,7 @@ from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.passes import COMBINE_RULES, combine_passes
-from calibration.validation.points import drift_readings, drift_weight, point_result, slice_drifts
+from calibration.validation.points import drift_correction, drift_readings, point_result, slice_drifts
 from calibration.validation.report import (
     MachineNotSteady,
     drift_note,
@@ -131,12 +131,14 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
         drifts = slice_drifts(before_s, after_s, pass_s)  # each slice's reading against the passes' median
         slice_probes = probes[probes["phase"] == "slice"]  # logged round by round: each point's in round order
-        weight = drift_weight(drifts, before_s, after_s, pass_s)
+        corrections, weight = drift_correction(drifts, before_s, after_s, pass_s, cfg.drift_tolerance,
+                                               cfg.drift_reference)
         for point in points:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
-            drift = drifts[((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1]))
-                           .to_numpy()]
-            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes))
+            mine = ((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1])).to_numpy()
+            drift = drifts[mine]
+            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes,
+                                     corrections[mine]))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
                       pd.DataFrame(slice_rows), probes, pricing, tuple(passes), planned)
@@ -221,7 +223,7 @@ def report_text(result: Validation) -> str:
         "worst |relative error|: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in worst.items())
         + "; mean |relative error|: "
         + ", ".join(f"{k} {100 * v:.1f}%" for k, v in mean_abs_errors(result.table).items())
-        + drift_note(result.table, cfg.drift_tolerance, cfg.drift_measure),
+        + drift_note(result.table, cfg.drift_tolerance, cfg.drift_measure, cfg.drift_reference),
         noise_note(result.table, result.logs, cfg.domain),
     ]
     verdict = machine_verdict(result.table)
@@ -294,15 +296,9 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     p.add_argument("--clock", default=d.clock, choices=["cpu", "wall"],
                    help="the real loop's decode clock: cpu (its thread's CPU seconds plus sleeps: time other jobs take "
                         "is not booked) or wall (default: %(default)s)")
-    p.add_argument("--sim-replicas", type=int, default=d.sim_replicas,
-                   help="acceptance draws the simulator pools per slice (same requests; default: %(default)s)")
-    p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
-                   help="refuse a real slice whose reference probe differs from profiling's by more than this "
-                        "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
-    p.add_argument("--drift-measure", default=d.drift_measure, choices=["probe", "meter"],
-                   help="the machine's drift from: probe (timed before and after each profile pass and slice) or "
-                        "meter (a small canary timed before every serving step - the passes' loop probes, the real "
-                        "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
+    p.add_argument("--sim-replicas", type=int, default=d.sim_replicas, help="acceptance draws the simulator pools "
+                   "per slice (default: %(default)s)")
+    _drift_arguments(p, d)
     p.add_argument("--combine-passes", default=d.combine_passes, choices=COMBINE_RULES,
                    help="how the profile passes make the simulator's profile (default: %(default)s)")
     p.add_argument("--stop-when-unsteady", action="store_true",
@@ -324,6 +320,21 @@ def parse_args(argv: list[str] | None) -> tuple[ValidationConfig, Path]:
     except ValueError as err:
         p.error(str(err))
         raise  # unreachable: p.error exits
+
+
+def _drift_arguments(p: argparse.ArgumentParser, d: ValidationConfig) -> None:
+    """The options of the machine-drift guard: which slices it refuses and what it corrects."""
+    p.add_argument("--drift-tolerance", type=float, default=d.drift_tolerance,
+                   help="refuse a real slice whose reference probe differs from profiling's by more than this "
+                        "(fraction; default: %(default)s); a point with fewer than half its slices is not reported")
+    p.add_argument("--drift-measure", default=d.drift_measure, choices=["probe", "meter"],
+                   help="the machine's drift from: probe (timed before and after each profile pass and slice) or "
+                        "meter (a small canary timed before every serving step - the passes' loop probes, the real "
+                        "slices - off the loop's clock; for machines whose speed flickers) (default: %(default)s)")
+    p.add_argument("--drift-reference", default=d.drift_reference, choices=["slices", "passes"],
+                   help="what the correction measures a slice's drift from: slices (the mean reading of the run's "
+                        "kept slices: only a slice's departure from the run's own level is corrected) or passes (the "
+                        "profile passes' reading, as the refusal does) (default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> Validation:
