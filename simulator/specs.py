@@ -145,6 +145,9 @@ class ClusterSpec:
             raise ValueError(f"cluster.router must be round_robin or least_loaded, got {self.router!r}")
         if self.mode not in ("disaggregated", "chunked"):
             raise ValueError(f"cluster.mode must be disaggregated or chunked, got {self.mode!r}")
+        if self.num_decode_engines < 1 or self.num_prefill_instances < 1:
+            raise ValueError(f"cluster: num_decode_engines and num_prefill_instances must be >= 1, got "
+                             f"{self.num_decode_engines} and {self.num_prefill_instances}")
 
     def token_budget(self, profile_budget: int | None) -> int | None:
         """The most batch tokens one step may hold: ``cluster.max_num_batched_tokens``, else the profile's
@@ -153,8 +156,6 @@ class ClusterSpec:
         if budget is None and self.mode == "chunked":
             return CHUNKED_DEFAULT_BUDGET_TOKENS
         return budget
-        if self.num_decode_engines < 1 or self.num_prefill_instances < 1:
-            raise ValueError("cluster: num_decode_engines and num_prefill_instances must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,9 @@ def test_budget_errors_at_start_and_the_chunked_default(small_spec):
         simulate(small_spec(make_policy("none"), cluster=chunked_cluster(32, max_concurrency=64)))
     with pytest.raises(ValueError, match="cluster.mode must be disaggregated or chunked"):
         ClusterSpec(mode="colocated")  # type: ignore[arg-type]
+    for engines, instances in ((0, 1), (1, 0)):  # the library API checks what the config schema checks
+        with pytest.raises(ValueError, match=f"must be >= 1, got {engines} and {instances}"):
+            ClusterSpec(num_decode_engines=engines, num_prefill_instances=instances)
 
 
 def test_chunked_runs_are_deterministic(small_spec):
