@@ -105,3 +105,31 @@ def test_the_excess_is_charged_at_each_probed_r_not_along_a_line():
     assert below["s"] == pytest.approx([5e-5, 0.0, 0.0, 1.5e-4])
     one = policy_steps.fit_excess(steps[steps["users"] == 2], 7).entry()
     assert one == {"fixed_s": pytest.approx(1e-4), "per_candidate_s": 0.0}
+
+
+def test_the_excess_table_is_fitted_to_every_step_at_its_own_r_under_the_table_s_interpolation():
+    """Steps at every R from 1 to 8 (a probe at 8 users runs smaller batches while requests are prefilled again)
+    whose excess is the interpolation of 0.2, 0.1, 0.1, 0.3 ms at R = 1, 2, 4, 8: the fit gives back those four,
+    though only a few steps ran at R = 8; each knot's price is the mean of the steps at it. Linear interpolation
+    weights: R = 6 is half R = 4 and half R = 8; beyond the knots, the nearest. A probed R without a step at it is
+    an error naming it."""
+    knots, values = (1, 2, 4, 8), np.array([2e-4, 1e-4, 1e-4, 3e-4])
+    assert policy_steps.hat_design(np.array([6, 3, 1, 8, 9]), knots) == pytest.approx(np.array(
+        [[0, 0, 0.5, 0.5], [0, 0.5, 0.5, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 1]]))
+    assert policy_steps.hat_design(np.array([3, 5]), (4,)) == pytest.approx(np.ones((2, 1)))
+    r = np.repeat(np.arange(1, 9), [30, 30, 30, 30, 30, 30, 30, 3])
+    truth = np.interp(r, knots, values)
+    steps = pd.DataFrame({"users": 8, "num_requests": r, "excess_s": truth, "priced_s": 1e-3 * r})
+    fit = policy_steps.fit_excess(steps, 7, knots)
+    assert fit.entry() == {"num_candidates": [7.0, 14.0, 28.0, 56.0], "s": pytest.approx(list(values), rel=1e-9)}
+    assert fit.mean_priced_s == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3]) and fit.num_steps == len(steps)
+    with pytest.raises(ValueError, match=r"no probe step ran at R = \[8\] of the probed \[1, 2, 4, 8\]"):
+        policy_steps.fit_excess(steps[steps["num_requests"] < 8], 7, knots)
+
+
+def test_a_policy_probe_counts_every_decode_step_after_the_warmup():
+    steps = pd.DataFrame({"start_at": [0.0, 1.0, 1.1, 1.2, 1.3], "end_at": [0.05, 1.05, 1.15, 1.25, 1.35],
+                          "wait_s": [0.0, 0.0, 0.05, 0.0, 0.0], "num_requests": [4, 3, 4, 0, 2]})
+    kept = policy_steps.decode_cycles(steps, warmup_s=0.5)
+    assert kept.index.tolist() == [1, 2, 4]  # after the warm-up, with a request or more
+    assert kept["cycle_s"].tolist() == pytest.approx([1.0, 0.05, 0.1])  # less the sleep before the step

@@ -11,18 +11,25 @@ decision alone between a drafter pass and a forward
 
 :func:`measure_policy_steps` runs the serving loop itself with each policy to be
 priced, the policy pricing its steps with the profile being built (as the validated
-runs do), at each probed R, and prices every one of its full-batch steps with that
-profile's shared model (drafter, verifier forward with query padding, per-request
-work, attention at the step's contexts; no decision). The step cycle minus that
-price is the policy's in-loop excess. Its mean at each probed R - means, as the
-rest of the loop fit: throughput is tokens over the sum of step times - is what the
-simulator charges per step of that policy, as a table over the step's candidates
-``R * g`` (g: the policy's draft length; ``scheduler.policies.<name>`` with
-``num_candidates`` and ``s``, and ``scheduler.inline``), replacing the isolated
-decision timing. The excess is not a line in R: on the trained models it was
-0.17-0.24 ms per step at one request, 0.06-0.22 ms at two and four and 0.27-0.30 ms
-at eight, and the line fitted through all of them before priced one-request steps
-of greedy and dspark 2-3% cheap. A single probed R gets the line (its mean, no slope).
+runs do), at each probed R, and prices every one of its decode steps after the ramp
+with that profile's shared model (drafter, verifier forward with query padding,
+per-request work, attention at the step's contexts; no decision). The step cycle
+minus that price is the policy's in-loop excess. What the simulator charges per
+step of that policy is a table over the step's candidates ``R * g`` (g: the
+policy's draft length; ``scheduler.policies.<name>`` with ``num_candidates`` and
+``s``, and ``scheduler.inline``), replacing the isolated decision timing: its
+entries at the probed R are the least-squares fit of every probe step's excess
+under the table's own linear interpolation (:func:`hat_design`), a mean fit as the
+rest of the loop fit (throughput is tokens over the sum of step times). A probe
+at r users also runs steps with fewer requests while one is prefilled again; each
+counts at its own R. With long prompts those are most of a probe's steps (at 8
+users and 2k-token prompts about 50 of some 500 had the full batch), and the
+full-batch steps alone, the steps that follow the last prefill of a burst, moved
+the excess at R = 8 by 1.3-4.1 ms from one profile pass to the next. The excess is
+not a line in R: on the trained models it was 0.17-0.24 ms per step at one request,
+0.06-0.22 ms at two and four and 0.27-0.30 ms at eight, and the line fitted through
+all of them before priced one-request steps of greedy and dspark 2-3% cheap. A
+single probed R gets the line (its mean, no slope).
 
 The probe's requests are its own: random prompts (not the validation's domain
 prompts) and a seed offset from the validated runs' seeds.
@@ -107,6 +114,32 @@ def full_batch_cycles(steps: pd.DataFrame, warmup_s: float, users: int) -> pd.Da
     return steps.assign(cycle_s=cycle_s)[keep]
 
 
+def decode_cycles(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
+    """The decode steps (one request or more) that start after ``warmup_s`` and follow another step, with their
+    cycle ``cycle_s`` (as :func:`full_batch_cycles`), whatever their batch."""
+    cycle_s = steps["end_at"].diff() - steps["wait_s"]
+    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] > 0) & cycle_s.notna()
+    return steps.assign(cycle_s=cycle_s)[keep]
+
+
+def hat_design(num_requests: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
+    """[steps, knots] the weights that linear interpolation between ``knots`` (ascending R) gives each knot's value
+    at each step's R (the nearest knot's value beyond them): a table fitted by least squares on this design is the
+    one whose interpolation best explains the steps."""
+    k = np.asarray(knots, dtype=np.float64)
+    x = np.clip(np.asarray(num_requests, dtype=np.float64), k[0], k[-1])
+    design = np.zeros((x.size, k.size))
+    if k.size == 1:
+        design[:, 0] = 1.0
+        return design
+    i = np.clip(np.searchsorted(k, x, side="right") - 1, 0, k.size - 2)
+    w = (x - k[i]) / (k[i + 1] - k[i])
+    rows = np.arange(x.size)
+    design[rows, i] = 1.0 - w
+    design[rows, i + 1] += w
+    return design
+
+
 def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float,
                     enough: Callable[[Any], bool] | None = None) -> Any:
     """``serve(spec, models)``, run again with the same requests ``(stretch - 1) * probe_s`` longer for each further
@@ -126,14 +159,15 @@ def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float,
 def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile, name: str, gamma: int, users: int,
                  traffic: TrafficSpec, duration_s: float, warmup_s: float, seed: int, clock: ClockKind,
                  probe_s: float) -> pd.DataFrame:
-    """The full-batch decode steps after warmup of a loop run of ``name`` at ``users`` (:func:`serve_stretched`),
-    with their cycles."""
+    """The decode steps after warmup of a loop run of ``name`` at ``users`` (:func:`serve_stretched`: run until it
+    holds enough full-batch steps), with their cycles; none when it never held a full-batch step."""
     policy = make_policy(name)
     models = ServingModels(verifier, drafter, random_prompts(verifier.s.vocab_size),
                            probe_pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
     spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
                        warmup_s=warmup_s, seed=seed, clock=clock)
-    return full_batch_cycles(serve_stretched(models, spec, probe_s).steps, warmup_s, users)
+    steps = serve_stretched(models, spec, probe_s).steps
+    return decode_cycles(steps, warmup_s) if len(full_batch_cycles(steps, warmup_s, users)) else steps.iloc[:0]
 
 
 def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
@@ -166,16 +200,19 @@ def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_r
                                  "s after the first prefills; lengthen it (duration_s)")
             priced = priced_steps_s(steps, profile, drafter.kind, name, g)
             frames.append(steps.assign(priced_s=priced, excess_s=steps["cycle_s"] - priced, users=r))
-        out[policy.name] = fit_excess(pd.concat(frames, ignore_index=True), g)
+        out[policy.name] = fit_excess(pd.concat(frames, ignore_index=True), g, probed)
     return out
 
 
-def fit_excess(steps: pd.DataFrame, draft_tokens: int) -> PolicyExcess:
+def fit_excess(steps: pd.DataFrame, draft_tokens: int, knots: tuple[int, ...] | None = None) -> PolicyExcess:
     """``excess_s = fixed_s + per_candidate_s * R * draft_tokens`` by least squares over ``steps`` (columns users,
     num_requests, excess_s, priced_s). A negative slope is noise: then the mean excess, no slope; a negative
     intercept with a positive slope: no intercept, the slope that keeps the mean. A policy whose steps cost less
     than the shared model in the mean gets 0 (the simulator's decision time cannot be negative; the raw means
-    stay in ``mean_excess_s``)."""
+    stay in ``mean_excess_s``). The table (``mean_excess_s`` at ``num_requests``): without ``knots`` the mean
+    excess of each probe (column users); with them (ascending R, each with steps at it), the values at those R
+    whose linear interpolation fits every step's excess at its own R best (:func:`hat_design`), with the mean
+    price of the steps at each."""
     candidates = steps["num_requests"].to_numpy(float) * draft_tokens
     excess = steps["excess_s"].to_numpy(float)
     design = np.column_stack((np.ones(len(steps)), candidates))
@@ -184,6 +221,16 @@ def fit_excess(steps: pd.DataFrame, draft_tokens: int) -> PolicyExcess:
         fixed_s, per_candidate_s = excess.mean(), 0.0
     elif fixed_s < 0:
         fixed_s, per_candidate_s = 0.0, max(excess.mean(), 0.0) / candidates.mean()
-    by_r = steps.groupby("users")[["excess_s", "priced_s"]].mean()
-    return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, by_r["excess_s"])),
-                        tuple(map(float, by_r["priced_s"])), len(steps), tuple(map(int, by_r.index)), draft_tokens)
+    if knots is None:
+        by_r = steps.groupby("users")[["excess_s", "priced_s"]].mean()
+        return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, by_r["excess_s"])),
+                            tuple(map(float, by_r["priced_s"])), len(steps), tuple(map(int, by_r.index)),
+                            draft_tokens)
+    at = steps["num_requests"].to_numpy(int)
+    bare = [r for r in knots if not (at == r).any()]
+    if bare:
+        raise ValueError(f"no probe step ran at R = {bare} of the probed {list(knots)}: their excess is not measured")
+    table = np.linalg.lstsq(hat_design(at, knots), excess, rcond=None)[0]
+    priced = [float(steps.loc[at == r, "priced_s"].mean()) for r in knots]
+    return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, table)), tuple(priced),
+                        len(steps), tuple(knots), draft_tokens)
