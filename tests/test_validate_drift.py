@@ -21,6 +21,7 @@ from calibration.validation.points import (
     device_busy_fraction,
     drift_correction,
     drift_weight,
+    kept_passes,
     least_refused,
     profile_price_se,
     reference_range,
@@ -157,6 +158,17 @@ def test_drift_weight_corrects_what_the_probe_can_tell_from_its_own_noise() -> N
     assert drift_weight(np.array([0.01, -0.005, 0.0, 0.005]), before, after) == 0.0
     assert drift_weight(np.array([0.03, 0.01]), np.ones(2), np.ones(2), np.ones(3)) == 1.0
     assert drift_weight(np.zeros(3), before[:3], after[:3]) == 0.0
+
+
+def test_a_profile_pass_the_machine_spoiled_is_refused_as_a_slice_would_be() -> None:
+    """Nine passes at 1.97 ms but one at 2.47 ms (+25%) and one at 2.19 ms (+11%): both beyond 10% of the median
+    are left out of the combination; within it, all kept; two passes 25% apart (each 11% off their median) would
+    leave fewer than two, so both stay and their spread says the machine was unsteady."""
+    pass_s = np.array([1.95, 1.97, 1.97, 2.07, 1.95, 2.47, 2.05, 2.195, 1.96])
+    assert kept_passes(pass_s, 0.10) == [0, 1, 2, 3, 4, 6, 8]
+    assert kept_passes(pass_s, 0.30) == list(range(9))
+    assert kept_passes(np.array([2.0, 2.5]), 0.10) == [0, 1]
+    assert kept_passes(np.array([2.0]), 0.10) == [0]
 
 
 def test_the_drift_correction_measures_from_the_run_s_own_slices_or_from_the_profile_passes() -> None:

@@ -135,6 +135,9 @@ def test_recombine_names_what_a_folder_lacks(tmp_path, capsys) -> None:
     write_profile(FIRST.raw, tmp_path / "profile_passes" / "pass1.json")
     fails("needs profile_passes/pass<k>.json from two profile passes or more")
     write_profile(FIRST.raw, tmp_path / "profile_passes" / "pass2.json")
+    fails("no probes.csv (the drift readings that say which profile passes the run kept)")
+    (tmp_path / "probes.csv").write_text("round,phase,policy,num_users,before_s,after_s\n"
+                                         "0,profile,,0,0.002,0.002\n1,profile,,0,0.002,0.002\n")
     fails("pricing_profile.json")
     write_profile(FIRST.raw, tmp_path / "pricing_profile.json")
     (tmp_path / "points.csv").write_text("policy,num_users,spoiled\nmtp1,1,True\n")

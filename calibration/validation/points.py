@@ -72,6 +72,16 @@ def slice_drifts(before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray) 
     return 0.5 * (np.asarray(before_s) + np.asarray(after_s)) / np.median(pass_s) - 1
 
 
+def kept_passes(pass_s: np.ndarray, tolerance: float) -> list[int]:
+    """The profile passes the machine's drift did not spoil (0-based, in order): those whose reading (``pass_s``,
+    :func:`drift_readings`) lies within ``tolerance`` of the passes' median - the reference the slices are screened
+    against - as a slice must to be kept. A pass measured while the machine ran slow prices every point's steps
+    dear. Every pass when fewer than two would be left: their spread then tells how unsteady the machine was."""
+    drifts = np.asarray(pass_s, dtype=np.float64) / np.median(pass_s) - 1
+    kept = [k for k, d in enumerate(drifts) if abs(d) <= tolerance]
+    return kept if len(kept) >= 2 else list(range(drifts.size))
+
+
 def drift_correction(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray,
                      tolerance: float, reference: str) -> tuple[np.ndarray, float]:
     """Each slice's drift to correct its real figures for, and the share of it corrected (:func:`drift_weight`).

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.validation.passes import COMBINE_RULES, check_rule, combine_passes
-from calibration.validation.points import pooled
+from calibration.validation.points import drift_readings, kept_passes, pooled
 from calibration.validation.report import point_row
 from calibration.validation.setup import ValidationConfig, simulate_slice, simulator_setup
 from simulator.costs import HardwareProfile, load_profile
@@ -64,6 +64,19 @@ def read_passes(run: Path) -> list[HardwareProfile]:
         raise ValueError(f"{run}: needs profile_passes/pass<k>.json from two profile passes or more (runs of two "
                          f"rounds or more write them), found {len(paths)}")
     return [load_profile(p) for p in paths]
+
+
+def kept_run_passes(run: Path, cfg: ValidationConfig) -> list[HardwareProfile]:
+    """The run's profile passes that its drift guard kept (:func:`calibration.validation.points.kept_passes`, from
+    ``probes.csv``): the ones its profile combined."""
+    passes = read_passes(run)
+    if not (run / "probes.csv").is_file():
+        raise ValueError(f"{run}: no probes.csv (the drift readings that say which profile passes the run kept)")
+    _, _, pass_s = drift_readings(pd.read_csv(run / "probes.csv"), cfg.drift_measure)
+    if len(pass_s) != len(passes):
+        raise ValueError(f"{run}: probes.csv has {len(pass_s)} profile-pass readings for {len(passes)} passes in "
+                         "profile_passes/")
+    return [passes[k] for k in kept_passes(pass_s, cfg.drift_tolerance)]
 
 
 def run_logs(run: Path) -> dict[int, Path]:
@@ -101,7 +114,7 @@ def reported_points(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 def recombine(run: Path, cfg: ValidationConfig, rules: tuple[str, ...]) -> pd.DataFrame:
     """One row per (rule, reported point): the re-simulated figures, the run's real ones and the errors (``cfg``:
     the run's :func:`read_config`)."""
-    passes = read_passes(run)
+    passes = kept_run_passes(run, cfg)
     pricing = load_profile(run / "pricing_profile.json")
     reported, slices = reported_points(run)
     logs = run_logs(run)
@@ -148,7 +161,7 @@ def log_sample_spread(run: Path, cfg: ValidationConfig, resamples: int, seed: in
     (:func:`resampled_logs`; the run's own rule): columns ``<metric>_sd`` (relative standard deviation over the
     draws) and ``<metric>_err_mean`` (the mean error against the run's real figure)."""
     check_resamples(resamples)
-    profile = combine_passes(read_passes(run), cfg.combine_passes)
+    profile = combine_passes(kept_run_passes(run, cfg), cfg.combine_passes)
     pricing = load_profile(run / "pricing_profile.json")
     reported, slices = reported_points(run)
     logs = {g: pd.read_parquet(p) for g, p in run_logs(run).items()}

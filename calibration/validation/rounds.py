@@ -29,7 +29,7 @@ import pandas as pd
 
 from calibration.serving.loop import ServingModels, ServingSpec, serve
 from calibration.serving.speed_meter import SpeedMeter
-from calibration.validation.points import round_progress, run_price_se
+from calibration.validation.points import drift_readings, kept_passes, round_progress, run_price_se
 from calibration.validation.report import STEADY_MAX_PROFILE_PRICE_SE, MachineNotSteady
 from calibration.validation.setup import Models, ValidationConfig, loop_pricing, measure_profile, speed_canary
 from policies import make_policy
@@ -115,6 +115,8 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
                                     most_rounds=most)
     progress(line)
     extend = round_idx == planned < (cfg.max_rounds or 0)
+    _, _, pass_s = drift_readings(probes, cfg.drift_measure)
+    passes = [passes[k] for k in kept_passes(pass_s, cfg.drift_tolerance)]  # as the report combines them
     stop_on_price = cfg.stop_when_unsteady and round_idx < most and len(passes) >= 2
     price_se = run_price_se(cfg, reals, passes) if extend or stop_on_price else float("nan")
     extend = extend and not price_se <= cfg.target_price_se  # NaN (one pass) tells nothing: one more too

@@ -48,7 +48,13 @@ from calibration.profiling.profile_file import write_profile
 from calibration.profiling.timing import scheduling_priority
 from calibration.validation.bench_export import write_benchmark
 from calibration.validation.passes import COMBINE_RULES, combine_passes
-from calibration.validation.points import drift_correction, drift_readings, point_result, slice_drifts
+from calibration.validation.points import (
+    drift_correction,
+    drift_readings,
+    kept_passes,
+    point_result,
+    slice_drifts,
+)
 from calibration.validation.report import (
     MachineNotSteady,
     drift_note,
@@ -100,6 +106,7 @@ class Validation:
     pricing: HardwareProfile | None = None  # what both loops' policies priced with (the first pass)
     passes: tuple[HardwareProfile, ...] = ()  # every profile pass, in order (the profile combines them)
     planned_rounds: int | None = None  # the rounds asked for (config.rounds: those served; max_rounds adds some)
+    passes_kept: tuple[int, ...] | None = None  # the passes the profile combines (points.kept_passes); None: all
 
 
 def run_validation(cfg: ValidationConfig, progress: Callable[[str], None] = lambda _: None) -> Validation:
@@ -123,12 +130,14 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
         probe_log: list[dict[str, Any]] = []
         passes, reals = measure_rounds(cfg, models, points, reference, progress, check, probe_log)
         planned, cfg = cfg.rounds, cfg.with_rounds(len(reals[points[0]]))  # max_rounds may have added some
-        profile = passes[0] if len(passes) == 1 else combine_passes(passes, cfg.combine_passes)
-        pricing = passes[0]
-        setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
-        rows, sims, slice_rows = [], {}, []
         probes = pd.DataFrame(probe_log, columns=list(PROBE_COLUMNS))
         before_s, after_s, pass_s = drift_readings(probes, cfg.drift_measure)
+        kept = kept_passes(pass_s, cfg.drift_tolerance)  # one reading per pass, in order
+        used = [passes[k] for k in kept]
+        profile = used[0] if len(used) == 1 else combine_passes(used, cfg.combine_passes)
+        pricing = passes[0]  # what the real loop's policies priced with
+        setups = {g: simulator_setup(cfg, profile, path, g, pricing) for g, path in log_paths.items()}
+        rows, sims, slice_rows = [], {}, []
         drifts = slice_drifts(before_s, after_s, pass_s)  # each slice's reading against the passes' median
         slice_probes = probes[probes["phase"] == "slice"]  # logged round by round: each point's in round order
         corrections, weight = drift_correction(drifts, before_s, after_s, pass_s, cfg.drift_tolerance,
@@ -137,11 +146,11 @@ def _run(cfg: ValidationConfig, progress: Callable[[str], None]) -> Validation:
             sims[point] = [simulate_slice(cfg, point, setups, round_idx) for round_idx in range(cfg.rounds)]
             mine = ((slice_probes["policy"] == point[0]) & (slice_probes["num_users"] == point[1])).to_numpy()
             drift = drifts[mine]
-            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, passes,
+            rows.append(point_result(cfg, point, sims[point], reals[point], drift, profile, weight, used,
                                      corrections[mine]))
             slice_rows += slice_records(point, drift, cfg.drift_tolerance, sims[point], reals[point])
     return Validation(cfg, pd.DataFrame(rows), profile, logs, models.description, reals, sims,
-                      pd.DataFrame(slice_rows), probes, pricing, tuple(passes), planned)
+                      pd.DataFrame(slice_rows), probes, pricing, tuple(passes), planned, tuple(kept))
 
 
 def _logs(cfg: ValidationConfig, models: Models, tmp: Path,
@@ -204,7 +213,10 @@ def write_outputs(result: Validation, out: Path) -> dict[str, Path]:
 def report_text(result: Validation) -> str:
     cfg, worst = result.config, worst_errors(result.table)
     rule = "trimmed mean" if cfg.combine_passes == "trimmed" else cfg.combine_passes
-    combined = f"; profile: the {rule} of {len(result.passes)} passes" if len(result.passes) > 1 else ""
+    kept = len(result.passes) if result.passes_kept is None else len(result.passes_kept)
+    refused = (f" ({len(result.passes) - kept} of {len(result.passes)} refused: reference beyond "
+               f"+-{100 * cfg.drift_tolerance:g}% of the passes' median)" if kept < len(result.passes) else "")
+    combined = f"; profile: the {rule} of {kept} passes{refused}" if len(result.passes) > 1 else ""
     lines = [
         f"models: {result.models}",
         f"machine: {device_name(torch.device('cpu'))}; profile: {result.profile.label}",
