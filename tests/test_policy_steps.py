@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from calibration.profiling import loop_costs, policy_steps
+from calibration.profiling.step_prices import priced_cycles
 from traces.synthetic import LengthSpec
 
 LENGTHS = LengthSpec(prompt_median_tokens=2048, prompt_sigma=0.0, output_median_tokens=64, output_sigma=0.0)
@@ -130,6 +131,6 @@ def test_the_excess_table_is_fitted_to_every_step_at_its_own_r_under_the_table_s
 def test_a_policy_probe_counts_every_decode_step_after_the_warmup():
     steps = pd.DataFrame({"start_at": [0.0, 1.0, 1.1, 1.2, 1.3], "end_at": [0.05, 1.05, 1.15, 1.25, 1.35],
                           "wait_s": [0.0, 0.0, 0.05, 0.0, 0.0], "num_requests": [4, 3, 4, 0, 2]})
-    kept = policy_steps.decode_cycles(steps, warmup_s=0.5)
+    kept = priced_cycles(steps, warmup_s=0.5)  # what the probe prices: every decode step, whatever its batch
     assert kept.index.tolist() == [1, 2, 4]  # after the warm-up, with a request or more
     assert kept["cycle_s"].tolist() == pytest.approx([1.0, 0.05, 0.1])  # less the sleep before the step

@@ -47,7 +47,7 @@ import pandas as pd
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
-from calibration.profiling.step_prices import excess_entry_s, priced_steps_s
+from calibration.profiling.step_prices import excess_entry_s, priced_cycles, priced_steps_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import ContextCost
@@ -108,18 +108,9 @@ def probe_pricing(profile: HardwareProfile, drafter: str, draft_tokens: int) -> 
 def full_batch_cycles(steps: pd.DataFrame, warmup_s: float, users: int) -> pd.DataFrame:
     """The steps with the whole batch (``users`` requests) that start after ``warmup_s`` and follow another step,
     with their cycle ``cycle_s``: end of the previous step to the end of this one, less any sleep for a prefill
-    (idle, not step cost)."""
-    cycle_s = steps["end_at"].diff() - steps["wait_s"]
-    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] == users) & cycle_s.notna()
-    return steps.assign(cycle_s=cycle_s)[keep]
-
-
-def decode_cycles(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
-    """The decode steps (one request or more) that start after ``warmup_s`` and follow another step, with their
-    cycle ``cycle_s`` (as :func:`full_batch_cycles`), whatever their batch."""
-    cycle_s = steps["end_at"].diff() - steps["wait_s"]
-    keep = (steps["start_at"] >= warmup_s) & (steps["num_requests"] > 0) & cycle_s.notna()
-    return steps.assign(cycle_s=cycle_s)[keep]
+    (idle, not step cost; :func:`~calibration.profiling.step_prices.priced_cycles`)."""
+    cycles = priced_cycles(steps, warmup_s)
+    return cycles[cycles["num_requests"] == users]
 
 
 def hat_design(num_requests: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
@@ -166,8 +157,8 @@ def _probe_steps(verifier: Verifier, drafter: Drafter, profile: HardwareProfile,
                            probe_pricing(profile, drafter.kind, policy.draft_tokens(gamma)), f"{name} step probe")
     spec = ServingSpec(policy, gamma, traffic, EngineLimits(users, 1_000_000), duration_s=duration_s,
                        warmup_s=warmup_s, seed=seed, clock=clock)
-    steps = serve_stretched(models, spec, probe_s).steps
-    return decode_cycles(steps, warmup_s) if len(full_batch_cycles(steps, warmup_s, users)) else steps.iloc[:0]
+    cycles = priced_cycles(serve_stretched(models, spec, probe_s).steps, warmup_s)
+    return cycles if (cycles["num_requests"] == users).any() else cycles.iloc[:0]
 
 
 def measure_policy_steps(verifier: Verifier, drafter: Drafter, gamma: int, num_requests: tuple[int, ...],
