@@ -82,6 +82,13 @@ def kept_passes(pass_s: np.ndarray, tolerance: float) -> list[int]:
     return kept if len(kept) >= 2 else list(range(drifts.size))
 
 
+def drift_factor(real_tps: np.ndarray, corrected: np.ndarray) -> float:
+    """What a point's real figures are scaled by: each kept slice's ``1 + corrected`` (its weighted drift),
+    weighted by the slice's real throughput ``real_tps``, as the point pools its slices."""
+    real_tps = np.asarray(real_tps, dtype=np.float64)
+    return float(np.sum(real_tps * (1 + np.asarray(corrected))) / np.sum(real_tps))
+
+
 def drift_correction(drifts: np.ndarray, before_s: np.ndarray, after_s: np.ndarray, pass_s: np.ndarray,
                      tolerance: float, reference: str) -> tuple[np.ndarray, float]:
     """Each slice's drift to correct its real figures for, and the share of it corrected (:func:`drift_weight`).
@@ -191,7 +198,7 @@ def point_result(cfg: ValidationConfig, point: tuple[str, int], sims: list[list[
                     float(np.mean(drifts[use])))
     real_tps = np.array([reals[k].summary["output_tokens_per_s"] for k in use])
     corrected = weight * (drifts if corrections is None else corrections)[use]
-    factor = float(np.sum(real_tps * (1 + corrected)) / np.sum(real_tps))
+    factor = drift_factor(real_tps, corrected)
     for name in TARGET_METRICS:
         row[f"{name}_real_raw"], row[f"{name}_err_raw"] = row[f"{name}_real"], row[f"{name}_err"]
         row[f"{name}_real"] *= factor

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.validation.points import drift_correction, drift_readings, slice_drifts
+from calibration.validation.points import drift_correction, drift_factor, drift_readings, slice_drifts
 from calibration.validation.recombine import read_config, reported_points
 from calibration.validation.report import TARGET_METRICS
 from calibration.validation.setup import ValidationConfig
@@ -49,7 +49,7 @@ def recorrect(run: Path, reference: str) -> pd.DataFrame:
                              f"from probes.csv (column machine_drift)")
         kept = table["kept"].astype(bool).to_numpy()
         real_tps = table["output_tokens_per_s_real"].to_numpy()[kept]
-        factor = float(np.sum(real_tps * (1 + weight * corrections[mine][kept])) / np.sum(real_tps))
+        factor = drift_factor(real_tps, weight * corrections[mine][kept])
         row = {"policy": point.policy, "num_users": int(point.num_users), "weight": weight}
         for name in TARGET_METRICS:
             row[f"{name}_err"] = getattr(point, f"{name}_err")
