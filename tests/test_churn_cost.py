@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from calibration.profiling.loop_costs import LoopCosts
-from calibration.profiling.residual_fit import churn_fit
+from calibration.profiling.residual_fit import churn_fit, draft_factors
 from calibration.profiling.step_prices import price_parts
 from policies import make_policy
 from simulator import simulate
@@ -103,7 +103,7 @@ def test_the_probe_fit_recovers_join_and_leave_costs() -> None:
     tokens = users * rng.integers(2, 9, n)
     residual = (1e-3 * users ** 0.5 + 2e-5 * tokens + JOIN_S * joined + LEAVE_S * left + WAKE_S * slept
                 + rng.normal(0, 5e-5, n))
-    steps = pd.DataFrame(dict(users=users, batch_tokens=tokens, num_joined=joined, num_left=left,
+    steps = pd.DataFrame(dict(num_requests=users, batch_tokens=tokens, num_joined=joined, num_left=left,
                               wait_s=1e-3 * slept, residual_s=residual))
     fit = churn_fit(steps, (1, 2, 4))
     assert fit.join_s == pytest.approx(JOIN_S, abs=1e-5) and fit.leave_s == pytest.approx(LEAVE_S, abs=1e-5)
@@ -113,6 +113,36 @@ def test_the_probe_fit_recovers_join_and_leave_costs() -> None:
     # a negative estimate is noise, not work that makes a step faster: that column is dropped and the rest refitted
     steps["residual_s"] = residual - 2 * LEAVE_S * left
     assert churn_fit(steps, (1, 2, 4)).leave_s == 0.0
+
+
+def test_steps_between_the_probed_r_count_under_the_tables_interpolation() -> None:
+    """A probe at r users also runs steps with fewer requests (one away for its prefill): each counts at its own R.
+    A per-request residual that is linear between the probed R (1, 2, 4, 8), read at steps of every R from 1 to 8,
+    comes back exactly at the knots; a knot with no step at it is an error that names it."""
+    knots, table_s = (1, 2, 4, 8), np.array([1.0e-3, 1.4e-3, 2.6e-3, 3.0e-3])
+    reqs = np.repeat(np.arange(1, 9), 25)
+    tokens = reqs * (1 + np.tile(np.arange(25) % 4, 8))
+    steps = pd.DataFrame(dict(num_requests=reqs, batch_tokens=tokens, num_joined=0, num_left=0, wait_s=0.0,
+                              residual_s=np.interp(reqs, knots, table_s) + 3e-5 * tokens))
+    fit = churn_fit(steps, knots)
+    np.testing.assert_allclose(fit.per_request_s, table_s, rtol=1e-9)
+    assert fit.per_batch_token_s == pytest.approx(3e-5, rel=1e-9)
+    with pytest.raises(ValueError, match=r"the loop probe ran no step at R = \[8\] of the probed \[1, 2, 4, 8\]"):
+        churn_fit(steps[steps["num_requests"] < 8], knots)
+
+
+def test_the_drafter_factor_is_the_ratio_of_sums_at_one_r_and_interpolates_between() -> None:
+    """At one probed R the factor is the steps' measured over isolated seconds, summed (a mean over steps, as
+    throughput is); steps between probed R recover a factor that is linear between them; a draft length no step
+    ran at is NaN."""
+    iso_s, real_s = np.array([1e-3, 2e-3, 4e-3]), np.array([1.5e-3, 2.0e-3, 7.5e-3])
+    one = pd.DataFrame(dict(num_requests=4, draft_tokens=3, iso_draft_s=iso_s, draft_s=real_s))
+    np.testing.assert_allclose(draft_factors(one, (4,), (1, 3)), [[np.nan, real_s.sum() / iso_s.sum()]], rtol=1e-12)
+    reqs = np.arange(1, 9)
+    iso = 1e-3 * (1 + reqs)
+    factor = np.interp(reqs, (1, 4, 8), (1.2, 1.5, 1.1))
+    steps = pd.DataFrame(dict(num_requests=reqs, draft_tokens=1, iso_draft_s=iso, draft_s=factor * iso))
+    np.testing.assert_allclose(np.array(draft_factors(steps, (1, 4, 8), (1,)))[:, 0], [1.2, 1.5, 1.1], rtol=1e-9)
 
 
 def test_logged_steps_are_priced_with_their_joins_and_leaves(v2_raw) -> None:

@@ -99,7 +99,7 @@ def test_where_the_none_probe_never_fills_its_batch_the_nearest_measured_gap_is_
         assert folded.verify_s(r, r) == pytest.approx(before.verify_s(r, r) - gap_s, rel=1e-9)
         assert folded.draft_s("dspark", r, GAMMA) == pytest.approx(before.draft_s("dspark", r, GAMMA) + gap_s,
                                                                    rel=1e-9)
-    with pytest.raises(ValueError, match=r"the loop probe's none runs never had a full batch at any of \(4,\) users"):
+    with pytest.raises(ValueError, match=r"the loop probe's none runs never ran a step at any of R = \(4,\)"):
         _measure(monkeypatch, default_profile, (USERS,), plain_full_upto=1)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.profiling import loop_costs, policy_steps
+from calibration.profiling import loop_costs, policy_steps, residual_fit
 from calibration.profiling.step_prices import priced_cycles
 from traces.synthetic import LengthSpec
 
@@ -115,9 +115,9 @@ def test_the_excess_table_is_fitted_to_every_step_at_its_own_r_under_the_table_s
     weights: R = 6 is half R = 4 and half R = 8; beyond the knots, the nearest. A probed R without a step at it is
     an error naming it."""
     knots, values = (1, 2, 4, 8), np.array([2e-4, 1e-4, 1e-4, 3e-4])
-    assert policy_steps.hat_design(np.array([6, 3, 1, 8, 9]), knots) == pytest.approx(np.array(
+    assert residual_fit.hat_design(np.array([6, 3, 1, 8, 9]), knots) == pytest.approx(np.array(
         [[0, 0, 0.5, 0.5], [0, 0.5, 0.5, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 1]]))
-    assert policy_steps.hat_design(np.array([3, 5]), (4,)) == pytest.approx(np.ones((2, 1)))
+    assert residual_fit.hat_design(np.array([3, 5]), (4,)) == pytest.approx(np.ones((2, 1)))
     r = np.repeat(np.arange(1, 9), [30, 30, 30, 30, 30, 30, 30, 3])
     truth = np.interp(r, knots, values)
     steps = pd.DataFrame({"users": 8, "num_requests": r, "excess_s": truth, "priced_s": 1e-3 * r})

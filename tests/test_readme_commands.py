@@ -37,6 +37,11 @@ REPLACE = {
     r"--preset qwen3-8b": "--preset tiny",  # an 8B verifier on a CPU would take hours; the tiny shape seconds
 }
 
+# A profile measured on a loaded machine can be refused as too noisy (the loop probe's timings contradict each
+# other: a one-line error, not a wrong result). Such a command runs once more and must succeed then; any other
+# failure fails at once.
+NOISE_REFUSAL = "too noisy"
+
 # Blocks with a command matching one of these take minutes.
 SLOW = (r"^python -m experiments\.run -m\b", r"\bcalibration\b", r"^python -m experiments\.table1\b")
 
@@ -124,6 +129,9 @@ def test_readme_command_block_runs(commands, tmp_path):
     shutil.copy(REPO / "simulator" / "profiles" / "h100_qwen3-8b_analytic.json", tmp_path / "measured_profile.json")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for index, command in enumerate(to_run):
-        proc = subprocess.run(runnable(command, index), cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=600)
+        for _attempt in range(2):
+            proc = subprocess.run(runnable(command, index), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            if proc.returncode == 0 or NOISE_REFUSAL not in proc.stderr:
+                break
         assert proc.returncode == 0, f"README command failed: {command}\n{proc.stderr[-3000:]}"

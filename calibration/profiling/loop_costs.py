@@ -14,19 +14,26 @@ change every step, as a dynamic policy's do; random prompts, the workload's
 lengths) at several concurrencies R, longer by the R first prefills that fill the
 batch and in proportion to R above 2 (:func:`~calibration.profiling.policy_steps.probe_duration_s`: about as
 many steps at every R; a probe with fewer than ``MIN_FULL_BATCH_STEPS`` steps of the whole batch runs again for
-longer, as the per-policy probe does), and measures on the steps with the whole batch, as **means** (throughput
-is tokens over the sum of step times; a CPU's step times have a right tail, steps
-up to 2x slower in every part while another job shares the core, that a median
-would leave out):
+longer, as the per-policy probe does). It measures on every decode step after the
+ramp, each at the R it ran with: a probe at r users also runs steps with fewer
+while a request is prefilled again, and with long prompts those are most of its
+steps (the full-batch ones alone are the steps right after the last prefill of a
+burst). The tables over R are fitted under the linear interpolation the profile
+reads them with (:func:`~calibration.profiling.residual_fit.hat_design`), as
+**means** (throughput is tokens over the sum of step times; a CPU's step times
+have a right tail, steps up to 2x slower in every part while another job shares
+the core, that a median would leave out):
 
 * ``draft_factor[R, g]``: in-loop drafter seconds / the isolated draft table read as
   the simulator reads it (at the batch's longest context with key padding, which the
-  factor must not hold too), summed over the static probes' steps, for g = 1, gamma;
+  factor must not hold too), over the static probes' steps, for g = 1, gamma: at one
+  R the ratio of the sums, between probed R weighted least squares
+  (:func:`~calibration.profiling.residual_fit.draft_factors`);
 * the non-draft residual: step cycle (end of the previous step to the end of this
   one, less any sleep for a prefill) minus in-loop drafter seconds minus the
   isolated ``1 / SPS(B) + per_request(R)`` with the step's query padding
   (+ the attention table at the step's contexts, version 2) - host work and the
-  forward passes' in-loop excess - fitted as ``a_R + c B`` (one intercept per R,
+  forward passes' in-loop excess - fitted as ``a_R + c B`` (a table over R,
   one slope), for a version-2 profile ``+ join_s J + leave_s L + wake_s W`` (the step's
   joined and finished requests, 1 after a sleep), by least squares over every step
   (:func:`calibration.profiling.residual_fit.churn_fit`);
@@ -85,13 +92,12 @@ from calibration.profiling.plain_steps import (
 from calibration.profiling.policy_steps import (
     PROBE_SEED_OFFSET,
     PROBE_STRETCHES,
-    full_batch_cycles,
     measure_policy_steps,
     probe_duration_s,
     serve_stretched,
 )
-from calibration.profiling.residual_fit import VARIABLE_LENGTH, churn_fit, probe_misfit
-from calibration.profiling.step_prices import batch_contexts
+from calibration.profiling.residual_fit import VARIABLE_LENGTH, churn_fit, draft_factors, probe_misfit
+from calibration.profiling.step_prices import batch_contexts, priced_cycles
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST
@@ -134,7 +140,7 @@ class LoopCosts:
     host_fixed_s: float  # the host part alone, for reports: fixed + per request R + per verified token
     host_per_request_s: float
     host_per_verified_token_s: float
-    num_steps: int  # probe steps the medians and fits come from
+    num_steps: int  # probe steps the fits come from
     # probe name -> [NR] its steps' mean residual minus the line's mean over them, as a share of their mean cycle
     # (how far the shared a_R + c B misses that probe's own steps; a report, not folded into the tables)
     probe_misfit: dict[str, list[float]] = field(default_factory=dict)
@@ -257,9 +263,9 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
             done = result.requests.dropna(subset=["first_token_at"])
             prefills.append(((done["first_token_at"] - done["prefill_start_at"]).sum(),
                              isolated.prefill_s(done["prompt_tokens"].to_numpy()).sum(), k == 0))
-            # Steps with the whole batch: a probe at r users also runs steps with fewer while a request is
-            # prefilled again; those would price R = r with a smaller batch's costs.
-            frames.append(full_batch_cycles(result.steps, warmup_s + ramp_s, r).assign(
+            # Every decode step after the ramp, at its own R (the fits below): a probe at r users also runs steps
+            # with fewer while a request is prefilled again, which the served runs have as well.
+            frames.append(priced_cycles(result.steps, warmup_s + ramp_s).assign(
                 draft_tokens=k, users=r, static=not isinstance(policy, VariableLength)))
     s = pd.concat(frames, ignore_index=True)
     _check_full_batches(s, probed, [(policy, k) for policy, k in probes if k > 0])
@@ -279,9 +285,7 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # Means, not medians: throughput is tokens over the *sum* of step times, and on a CPU the step times have a
     # right tail (steps that run up to 2x slower in every part - drafter, forward, host - while another job shares
     # the core); a median leaves it out and prices every step as a typical one.
-    sums = s[s["static"]].groupby(["users", "draft_tokens"])[["draft_s", "iso_draft_s"]].sum()
-    factors = sums["draft_s"] / sums["iso_draft_s"]
-    grid = tuple(tuple(float(factors.get((r, k), np.nan)) for k in gammas) for r in probed)
+    grid = draft_factors(s[s["static"]], probed, gammas)
     line = churn_fit(s, probed, churn=isolated.version >= 2)
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
@@ -295,8 +299,10 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
 
 def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
     """Every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs
-    full-batch ``steps`` (columns users, draft_tokens, static) at every probed R; a ValueError names those without."""
-    ran = set(zip(steps["users"], steps["draft_tokens"], steps["static"], strict=True))
+    full-batch ``steps`` (columns users, num_requests, draft_tokens, static) at every probed R; a ValueError names
+    those without."""
+    full = steps[steps["num_requests"] == steps["users"]]
+    ran = set(zip(full["users"], full["draft_tokens"], full["static"], strict=True))
     missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
                for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
     if missing:

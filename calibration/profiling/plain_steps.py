@@ -9,8 +9,8 @@ So the probe also serves ``none`` at every R, and:
 * :func:`plain_per_request_s`: ``a_R`` of those steps under the same slope and churn terms (their residual less
   the line's shared part, averaged per R). The profile prices a step that drafts nothing with it, and the drafter's
   table pays the difference, ``a_R - plain a_R`` (:func:`gap_s`), whenever it runs (:func:`fold_plain`): the cost
-  a drafting policy sees is unchanged, and ``none`` is priced by its own steps (at the R where its batch filled,
-  :func:`plain_probed`).
+  a drafting policy sees is unchanged, and ``none`` is priced by its own steps (at the probed R where it ran a
+  step, :func:`plain_probed`).
 * :func:`draft_share`: the share of a loop prefill that is the drafter's (``1 -`` the ``none`` prefills' factor
   over the drafting ones'), written as ``prefill.draft_share``, which the simulator leaves out of a disaggregated
   prefill when the policy drafts nothing.
@@ -24,32 +24,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibration.profiling.residual_fit import ResidualLine
+from calibration.profiling.residual_fit import ResidualLine, hat_design, knots_without_steps
 
 PLAIN_POLICY = "none"  # the probe without speculation (draft_tokens 0)
 
 
-def plain_per_request_s(steps: pd.DataFrame, line: ResidualLine, probed: tuple[int, ...]) -> tuple[float, ...]:
-    """[NR] the mean ``residual_s`` of the ``none`` probe's ``steps`` at each probed R (column ``users``) less the
-    line's slope and churn terms at those steps: their own intercept beside the drafting probes' ``a_R``."""
+def plain_per_request_s(steps: pd.DataFrame, line: ResidualLine, knots: tuple[int, ...]) -> tuple[float, ...]:
+    """[NP] the ``none`` probe's own ``a_R`` at ``knots``: its ``steps``' ``residual_s`` less the line's slope and
+    churn terms, fitted by least squares with each step at its own R (column ``num_requests``,
+    :func:`~calibration.profiling.residual_fit.hat_design`), as the drafting probes' ``a_R`` is."""
     shared = (line.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
               + line.join_s * steps["num_joined"].to_numpy(float) + line.leave_s * steps["num_left"].to_numpy(float)
               + line.wake_s * (steps["wait_s"] > 0).to_numpy(float))
-    own = steps.assign(own_s=steps["residual_s"].to_numpy() - shared).groupby("users")["own_s"].mean()
-    return tuple(float(own[r]) for r in probed)
+    own_s = steps["residual_s"].to_numpy() - shared
+    fit = np.linalg.lstsq(hat_design(steps["num_requests"].to_numpy(), knots), own_s, rcond=None)[0]
+    return tuple(map(float, fit))
 
 
 def plain_probed(steps: pd.DataFrame, probed: tuple[int, ...]) -> tuple[int, ...]:
-    """The probed R at which the ``none`` probe's batch was full (its full-batch ``steps``, column ``users``). With
-    long prompts it may fill only at the smaller R: requests that draft nothing finish before the one prefill
+    """The probed R at which the ``none`` probe ran a step (its ``steps``, column ``num_requests``). With long
+    prompts its batch may reach only the smaller R: requests that draft nothing finish before the one prefill
     instance has prefilled the others, so the loop is prefill-bound; :func:`gap_s` carries the nearest measured R's
-    gap there. A ValueError when it filled at no R."""
-    filled = tuple(r for r in probed if (steps["users"] == r).any())
-    if not filled:
-        raise ValueError(f"the loop probe's {PLAIN_POLICY} runs never had a full batch at any of {probed} users: "
-                         "requests without speculation finish before the others are prefilled; probe fewer users "
-                         "or shorter prompts")
-    return filled
+    gap there. A ValueError when it ran at none of them."""
+    ran = tuple(r for r in probed if r not in knots_without_steps(steps["num_requests"].to_numpy(), probed))
+    if not ran:
+        raise ValueError(f"the loop probe's {PLAIN_POLICY} runs never ran a step at any of R = {probed}: requests "
+                         "without speculation finish before the others are prefilled; probe fewer users or "
+                         "shorter prompts")
+    return ran
 
 
 def gap_s(at: np.ndarray, num_requests: tuple[int, ...], per_request_s: tuple[float, ...],

@@ -19,7 +19,7 @@ step of that policy is a table over the step's candidates ``R * g`` (g: the
 policy's draft length; ``scheduler.policies.<name>`` with ``num_candidates`` and
 ``s``, and ``scheduler.inline``), replacing the isolated decision timing: its
 entries at the probed R are the least-squares fit of every probe step's excess
-under the table's own linear interpolation (:func:`hat_design`), a mean fit as the
+under the table's own linear interpolation (:func:`~calibration.profiling.residual_fit.hat_design`), a mean fit as the
 rest of the loop fit (throughput is tokens over the sum of step times). A probe
 at r users also runs steps with fewer requests while one is prefilled again; each
 counts at its own R. With long prompts those are most of a probe's steps (at 8
@@ -47,6 +47,7 @@ import pandas as pd
 
 from calibration.models.drafters import Drafter
 from calibration.models.model import Verifier
+from calibration.profiling.residual_fit import hat_design, knots_without_steps
 from calibration.profiling.step_prices import excess_entry_s, priced_cycles, priced_steps_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.spec import ClockKind
@@ -111,24 +112,6 @@ def full_batch_cycles(steps: pd.DataFrame, warmup_s: float, users: int) -> pd.Da
     (idle, not step cost; :func:`~calibration.profiling.step_prices.priced_cycles`)."""
     cycles = priced_cycles(steps, warmup_s)
     return cycles[cycles["num_requests"] == users]
-
-
-def hat_design(num_requests: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
-    """[steps, knots] the weights that linear interpolation between ``knots`` (ascending R) gives each knot's value
-    at each step's R (the nearest knot's value beyond them): a table fitted by least squares on this design is the
-    one whose interpolation best explains the steps."""
-    k = np.asarray(knots, dtype=np.float64)
-    x = np.clip(np.asarray(num_requests, dtype=np.float64), k[0], k[-1])
-    design = np.zeros((x.size, k.size))
-    if k.size == 1:
-        design[:, 0] = 1.0
-        return design
-    i = np.clip(np.searchsorted(k, x, side="right") - 1, 0, k.size - 2)
-    w = (x - k[i]) / (k[i + 1] - k[i])
-    rows = np.arange(x.size)
-    design[rows, i] = 1.0 - w
-    design[rows, i + 1] += w
-    return design
 
 
 def serve_stretched(models: ServingModels, spec: ServingSpec, probe_s: float,
@@ -218,7 +201,7 @@ def fit_excess(steps: pd.DataFrame, draft_tokens: int, knots: tuple[int, ...] | 
                             tuple(map(float, by_r["priced_s"])), len(steps), tuple(map(int, by_r.index)),
                             draft_tokens)
     at = steps["num_requests"].to_numpy(int)
-    bare = [r for r in knots if not (at == r).any()]
+    bare = knots_without_steps(at, knots)
     if bare:
         raise ValueError(f"no probe step ran at R = {bare} of the probed {list(knots)}: their excess is not measured")
     table = np.linalg.lstsq(hat_design(at, knots), excess, rcond=None)[0]

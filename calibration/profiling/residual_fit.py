@@ -1,8 +1,12 @@
-"""The serving loop's non-draft step residual as a line, and how far the line misses each probe.
+"""The loop probe's fits: the serving loop's non-draft step residual as a line, how far the line misses each
+probe, and the drafter's in-loop factor.
 
 :func:`churn_fit` fits what the loop probe (:func:`calibration.profiling.loop_costs.measure_loop_costs`) measured
 beyond the isolated tables - ``a_R + c B + join_s J + leave_s L + wake_s W`` over the probe's steps - and
-:func:`probe_misfit` reports each probe's own distance from it.
+:func:`probe_misfit` reports each probe's own distance from it. ``a_R`` is a table over the probed R that the
+profile reads by linear interpolation; each step counts at its own R under that interpolation (:func:`hat_design`),
+so the steps a probe at r users runs with fewer requests (while one is prefilled again) price the R they ran at.
+:func:`draft_factors` fits the drafter's in-loop over isolated seconds the same way.
 """
 
 from __future__ import annotations
@@ -27,12 +31,42 @@ class ResidualLine:
     line_s: np.ndarray = field(repr=False)  # [steps] the line at each step
 
 
+def hat_design(num_requests: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
+    """[steps, knots] the weights that linear interpolation between ``knots`` (ascending R) gives each knot's value
+    at each step's R (the nearest knot's value beyond them): a table fitted by least squares on this design is the
+    one whose interpolation best explains the steps."""
+    k = np.asarray(knots, dtype=np.float64)
+    x = np.clip(np.asarray(num_requests, dtype=np.float64), k[0], k[-1])
+    design = np.zeros((x.size, k.size))
+    if k.size == 1:
+        design[:, 0] = 1.0
+        return design
+    i = np.clip(np.searchsorted(k, x, side="right") - 1, 0, k.size - 2)
+    w = (x - k[i]) / (k[i + 1] - k[i])
+    rows = np.arange(x.size)
+    design[rows, i] = 1.0 - w
+    design[rows, i + 1] += w
+    return design
+
+
+def knots_without_steps(num_requests: np.ndarray, knots: tuple[int, ...]) -> list[int]:
+    """The knots at which no step ran (``num_requests``: each step's R): their value in a :func:`hat_design` fit
+    would be extrapolated from the neighbours', not measured."""
+    at = np.asarray(num_requests)
+    return [r for r in knots if not (at == r).any()]
+
+
 def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True) -> ResidualLine:
-    """Least squares of the steps' ``residual_s`` on one intercept per probed R (column ``users``), a common slope
-    over ``batch_tokens`` and, with ``churn``, the steps' joins and leaves (``num_joined``, ``num_left``) and
-    whether the loop slept before them (``wait_s`` > 0): a mean fit over every step. A slope or churn cost that
-    comes out negative is noise, not work that makes a step faster: it is set to 0 and the rest fitted again."""
-    columns = {f"a_{r}": (steps["users"] == r).to_numpy(float) for r in probed}
+    """Least squares of the steps' ``residual_s`` on a table ``a_R`` over the probed R (each step at its own R,
+    column ``num_requests``, :func:`hat_design`; every probed R needs a step at it), a common slope over
+    ``batch_tokens`` and, with ``churn``, the steps' joins and leaves (``num_joined``, ``num_left``) and whether
+    the loop slept before them (``wait_s`` > 0): a mean fit over every step. A slope or churn cost that comes out
+    negative is noise, not work that makes a step faster: it is set to 0 and the rest fitted again."""
+    bare = knots_without_steps(steps["num_requests"].to_numpy(), probed)
+    if bare:
+        raise ValueError(f"the loop probe ran no step at R = {bare} of the probed {list(probed)}")
+    hats = hat_design(steps["num_requests"].to_numpy(), probed)
+    columns = {f"a_{r}": hats[:, j] for j, r in enumerate(probed)}
     columns["c"] = steps["batch_tokens"].to_numpy(float)
     if churn:
         columns["join"] = steps["num_joined"].to_numpy(float)
@@ -49,6 +83,24 @@ def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True) 
     return ResidualLine(tuple(float(coef[f"a_{r}"]) for r in probed), float(coef.get("c", 0.0)),
                         float(coef.get("join", 0.0)), float(coef.get("leave", 0.0)), float(coef.get("wake", 0.0)),
                         design @ np.array(list(coef.values())))
+
+
+def draft_factors(steps: pd.DataFrame, probed: tuple[int, ...],
+                  gammas: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+    """[NR][NG] in-loop over isolated drafter seconds at each probed R and draft length, from ``steps`` (columns
+    num_requests, draft_tokens, draft_s, iso_draft_s): the factors whose linear interpolation in R times each step's
+    isolated seconds fits its measured ones best, rows weighted by 1 / isolated seconds, so that the steps of one R
+    give the ratio of their sums (a mean over the steps, as throughput is). NaN where a length has no step."""
+    grid = np.full((len(probed), len(gammas)), np.nan)
+    for j, k in enumerate(gammas):
+        at = steps[steps["draft_tokens"] == k]
+        if at.empty:
+            continue
+        iso_s = at["iso_draft_s"].to_numpy(float)
+        scale = 1.0 / np.sqrt(iso_s)
+        design = hat_design(at["num_requests"].to_numpy(), probed) * (iso_s * scale)[:, None]
+        grid[:, j] = np.linalg.lstsq(design, at["draft_s"].to_numpy(float) * scale, rcond=None)[0]
+    return tuple(tuple(map(float, row)) for row in grid)
 
 
 def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:
