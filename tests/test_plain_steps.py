@@ -23,10 +23,11 @@ EXTRA_S = {True: 3e-3, False: 1e-3}  # what a step spends beyond its isolated pr
 PREFILL_S = {True: 0.10, False: 0.08}  # a prefill in the loop: with the drafter's pass over the prompt, and without
 
 
-def _loop_run(profile, plain_full_upto: int = 64):
+def _loop_run(profile, plain_full_upto: int = 64, varlen_extra_s: float = 0.0):
     """A stand-in for the probe's loop runs: every step costs its isolated price plus EXTRA_S (the drafter's own
-    2 ms per drafted token on top when it drafts), every prefill PREFILL_S; the batch is full but for the none runs
-    at more than ``plain_full_upto`` users, which keep one request short (a prefill-bound loop)."""
+    2 ms per drafted token on top when it drafts; the variable-length probe's ``varlen_extra_s`` more), every
+    prefill PREFILL_S; the batch is full but for the none runs at more than ``plain_full_upto`` users, which keep
+    one request short (a prefill-bound loop)."""
     def serve(spec, models):
         k, users = spec.policy.draft_tokens(GAMMA), spec.traffic.num_users
         running = users - 1 if k == 0 and users > plain_full_upto else users
@@ -35,7 +36,8 @@ def _loop_run(profile, plain_full_upto: int = 64):
                                                                                    running * context, context)
         draft_s = 2e-3 * k
         count = policy_steps.MIN_FULL_BATCH_STEPS + 1
-        end_s = 10.0 + np.cumsum(np.full(count, iso_s + draft_s + EXTRA_S[k > 0]))
+        extra_s = EXTRA_S[k > 0] + (varlen_extra_s if isinstance(spec.policy, loop_costs.VariableLength) else 0.0)
+        end_s = 10.0 + np.cumsum(np.full(count, iso_s + draft_s + extra_s))
         steps = pd.DataFrame({"start_at": end_s - 1e-4, "end_at": end_s, "wait_s": 0.0, "num_requests": running,
                               "batch_tokens": batch_tokens, "max_verified_tokens": k,
                               "num_verified_tokens": batch_tokens, "context_tokens": running * context,
@@ -47,8 +49,9 @@ def _loop_run(profile, plain_full_upto: int = 64):
     return serve
 
 
-def _measure(monkeypatch, profile, probed: tuple[int, ...], plain_full_upto: int = 64) -> LoopCosts:
-    monkeypatch.setattr(policy_steps, "serve", _loop_run(profile, plain_full_upto))
+def _measure(monkeypatch, profile, probed: tuple[int, ...], plain_full_upto: int = 64,
+             varlen_extra_s: float = 0.0) -> LoopCosts:
+    monkeypatch.setattr(policy_steps, "serve", _loop_run(profile, plain_full_upto, varlen_extra_s))
     return loop_costs.measure_loop_costs(SimpleNamespace(s=SimpleNamespace(vocab_size=256)),
                                          SimpleNamespace(kind="dspark"), GAMMA, probed, profile, LENGTHS,
                                          duration_s=0.8, warmup_s=0.2)
@@ -132,3 +135,13 @@ def test_draft_share_is_checked_and_leaves_drafting_policies_alone(default_profi
     for policy, profile in (("none", default_profile), ("mtp3", halved)):
         run_s, full_s = prefill_s(policy, profile)
         assert run_s == pytest.approx(full_s, rel=1e-9)
+
+
+def test_the_shared_line_is_the_static_probes_and_the_variable_length_one_is_reported(monkeypatch,
+                                                                                     default_profile) -> None:
+    """Steps of the variable-length probe 1 ms dearer than the static probes' leave the line (what mtp-k is priced
+    by) on the static probes' own residual, and show as that probe's misfit: 1 ms over its mean cycle."""
+    costs = _measure(monkeypatch, default_profile, (1, USERS), varlen_extra_s=1e-3)
+    assert costs.extra_per_request_s == pytest.approx((EXTRA_S[True],) * 2, abs=1e-12)
+    assert costs.probe_misfit["mtp1"] == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert all(0.01 < share < 0.5 for share in costs.probe_misfit["varlen-probe"])

@@ -35,15 +35,18 @@ the core, that a median would leave out):
   (+ the attention table at the step's contexts, version 2) - host work and the
   forward passes' in-loop excess - fitted as ``a_R + c B`` (a table over R,
   one slope), for a version-2 profile ``+ join_s J + leave_s L + wake_s W`` (the step's
-  joined and finished requests, 1 after a sleep), by least squares over every step
-  (:func:`calibration.profiling.residual_fit.churn_fit`);
+  joined and finished requests, 1 after a sleep), by least squares over the static
+  probes' steps (:func:`calibration.profiling.residual_fit.churn_fit`): the line alone
+  prices static policies, and each validated dynamic one pays its own steps' excess
+  over it on top (the policy probe). The variable-length probe's steps (1-2% of a
+  cycle below the static ones' at 2-8 requests on 2k-token prompts) once shared the
+  fit and put mtp1's price at 8 requests 2% under its steps;
 * ``prefill_factor``: in-loop prefill seconds / the profile's ``prefill_s``, summed;
 * the same loop without speculation (``none``: no drafter in the step or the prefill), whose steps get their own
   intercept under the same line and whose prefills their own factor (:mod:`calibration.profiling.plain_steps`);
-* for reports, the host part alone (cycle minus in-loop drafter and forward
-  seconds) as ``fixed + per_request * R + per_verified_token * (B - R)``.
-* for reports, ``probe_misfit``: how far that shared line misses each probe's own
-  steps at each R (``docs/validation.md``, "What the profile had to learn").
+* for reports, the host part alone (cycle minus in-loop drafter and forward seconds) as ``fixed + per_request *
+  R + per_verified_token * (B - R)``, and ``probe_misfit``: how far the line misses each probe's own steps at each
+  R, the variable-length one's included (``docs/validation.md``, "What the profile had to learn").
 
 :meth:`LoopCosts.fold` writes them into the profile's own form: draft entries
 scaled by ``draft_factor`` (linear in R and g between probed points), the prefill
@@ -286,14 +289,15 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # right tail (steps that run up to 2x slower in every part - drafter, forward, host - while another job shares
     # the core); a median leaves it out and prices every step as a typical one.
     grid = draft_factors(s[s["static"]], probed, gammas)
-    line = churn_fit(s, probed, churn=isolated.version >= 2)
+    # The line is the static probes' (see the module docstring); the variable-length probe is reported against it.
+    line = churn_fit(s[s["static"]], probed, churn=isolated.version >= 2)
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
     in_loop_s, iso_s, none_prefill = (np.array(column) for column in zip(*prefills, strict=True))
     prefill_factors = [float(in_loop_s[of].sum() / iso_s[of].sum()) for of in (~none_prefill, none_prefill)]
     return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factors[0],
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
-                     probe_misfit(s.assign(line_s=line.line_s), probed), line.join_s, line.leave_s, line.wake_s,
+                     probe_misfit(s.assign(line_s=line.at(s)), probed), line.join_s, line.leave_s, line.wake_s,
                      plain_per_request_s(plain, line, plain_reqs), prefill_factors[1], plain_reqs)
 
 

@@ -33,10 +33,7 @@ def plain_per_request_s(steps: pd.DataFrame, line: ResidualLine, knots: tuple[in
     """[NP] the ``none`` probe's own ``a_R`` at ``knots``: its ``steps``' ``residual_s`` less the line's slope and
     churn terms, fitted by least squares with each step at its own R (column ``num_requests``,
     :func:`~calibration.profiling.residual_fit.hat_design`), as the drafting probes' ``a_R`` is."""
-    shared = (line.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
-              + line.join_s * steps["num_joined"].to_numpy(float) + line.leave_s * steps["num_left"].to_numpy(float)
-              + line.wake_s * (steps["wait_s"] > 0).to_numpy(float))
-    own_s = steps["residual_s"].to_numpy() - shared
+    own_s = steps["residual_s"].to_numpy() - line.shared_s(steps)
     fit = np.linalg.lstsq(hat_design(steps["num_requests"].to_numpy(), knots), own_s, rcond=None)[0]
     return tuple(map(float, fit))
 

@@ -11,7 +11,7 @@ so the steps a probe at r users runs with fewer requests (while one is prefilled
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,19 @@ class ResidualLine:
     join_s: float  # per request that joined the batch since the previous step (J)
     leave_s: float  # per request the step finished (L)
     wake_s: float  # per step after a sleep (W: 1 when the loop slept before it)
-    line_s: np.ndarray = field(repr=False)  # [steps] the line at each step
+    num_requests: tuple[int, ...] = ()  # [NR] the R of per_request_s
+
+    def shared_s(self, steps: pd.DataFrame) -> np.ndarray:
+        """[steps] the line's terms other than ``a_R`` at ``steps`` (columns batch_tokens, num_joined, num_left,
+        wait_s): its slope and churn costs."""
+        return (self.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
+                + self.join_s * steps["num_joined"].to_numpy(float) + self.leave_s * steps["num_left"].to_numpy(float)
+                + self.wake_s * (steps["wait_s"] > 0).to_numpy(float))
+
+    def at(self, steps: pd.DataFrame) -> np.ndarray:
+        """[steps] the line at ``steps`` (each at its own R, column ``num_requests``, as the profile reads it)."""
+        return (hat_design(steps["num_requests"].to_numpy(), self.num_requests) @ np.array(self.per_request_s)
+                + self.shared_s(steps))
 
 
 def hat_design(num_requests: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
@@ -82,7 +94,7 @@ def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True) 
         del columns[negative[0]]
     return ResidualLine(tuple(float(coef[f"a_{r}"]) for r in probed), float(coef.get("c", 0.0)),
                         float(coef.get("join", 0.0)), float(coef.get("leave", 0.0)), float(coef.get("wake", 0.0)),
-                        design @ np.array(list(coef.values())))
+                        tuple(probed))
 
 
 def draft_factors(steps: pd.DataFrame, probed: tuple[int, ...],
