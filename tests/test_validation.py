@@ -27,6 +27,7 @@ from calibration.profiling.step_prices import step_cost_ratio
 from calibration.serving.batch import LiveBatch
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts, serve
 from calibration.serving.specdec import ContextCost, PrefillChunk, prefill_groups
+from calibration.validation.price_slopes import price_slopes
 from calibration.validation.recombine import log_sample_spread, read_config
 from calibration.validation.recombine import main as recombine_main
 from calibration.validation.report import TARGET_METRICS
@@ -365,6 +366,12 @@ def test_validation_command_meets_the_error_bound(tmp_path) -> None:
     own_rule = recombined[recombined["rule"] == result.config.combine_passes]
     assert len(own_rule) == 6 and (own_rule[["throughput_moved", "tpu_mean_moved"]] == 0).all().all()
     assert np.isfinite(recombined["throughput_err"]).all()
+    # each pass alone re-simulates every point; the prices its slopes use are the passes' own of the real steps
+    slopes = price_slopes(out).set_index(["policy", "num_users"])
+    assert len(slopes) == 6 and np.isfinite(slopes[["throughput_slope", "tpu_mean_slope"]]).all().all()
+    assert slopes["throughput_slope_se"].isna().all()  # two passes: a line through two points
+    prices = 1 / np.array(own)
+    assert slopes.loc[("greedy", 4), "price_sd"] == pytest.approx(np.std(prices, ddof=1) / prices.mean())
     # drawing the logged texts again moves the simulator's figures (some tok/s/user), each by a finite relative SD
     spread = log_sample_spread(out, read_config(out), 2)
     assert len(spread) == 6 and (spread[["throughput_sd", "tpu_mean_sd"]] < 0.5).all().all()

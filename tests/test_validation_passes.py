@@ -1,5 +1,6 @@
-"""Combining a validation's profile passes into one profile, the combined price's standard error, and the recombine
-command's checks on a run folder (its end-to-end run: the slow test_validation_command_meets_the_error_bound)."""
+"""Combining a validation's profile passes into one profile, the combined price's standard error, the recombine
+command's checks on a run folder and the price slopes' fit (their end-to-end runs: the slow
+test_validation_command_meets_the_error_bound)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 from calibration.profiling.profile_file import write_profile
 from calibration.validation.passes import COMBINE_RULES, combine_passes, price_se_factor, profile_price_se
+from calibration.validation.price_slopes import fitted_slope
+from calibration.validation.price_slopes import main as price_slopes_main
 from calibration.validation.recombine import main as recombine_main
 from calibration.validation.recombine import resampled_logs
 from calibration.validation.setup import ValidationConfig
@@ -146,6 +149,32 @@ def test_recombine_names_what_a_folder_lacks(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         recombine_main([str(tmp_path), "--rules", "median,average"])
     assert "combine_passes must be one of median, trimmed, mean, got 'average'" in capsys.readouterr().err
+
+
+def test_price_slopes_name_the_real_steps_a_folder_lacks(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"users": [1], "rounds": 2}))
+    for name in ("profile_passes/pass1.json", "profile_passes/pass2.json", "pricing_profile.json"):
+        write_profile(FIRST.raw, tmp_path / name)
+    (tmp_path / "probes.csv").write_text("round,phase,policy,num_users,before_s,after_s\n"
+                                         "0,profile,,0,0.002,0.002\n1,profile,,0,0.002,0.002\n")
+    (tmp_path / "points.csv").write_text("policy,num_users,spoiled\nmtp1,1,False\n")
+    (tmp_path / "slices.csv").write_text("policy,num_users,slice,kept\nmtp1,1,0,True\nmtp1,1,1,True\n")
+    with pytest.raises(SystemExit):
+        price_slopes_main([str(tmp_path)])
+    assert "no real_mtp1_u1_steps.parquet (the real steps of mtp1 x1 that the passes price)" in \
+        capsys.readouterr().err
+
+
+def test_a_price_slope_is_the_least_squares_slope_of_the_logs() -> None:
+    price = np.array([1.0, 1.03, 0.98, 1.06])
+    slope, se = fitted_slope(price, 7.0 * price ** -1.5)  # one and a half times the price, exactly
+    assert slope == pytest.approx(1.5) and se == pytest.approx(0.0, abs=1e-9)
+    noisy = 7.0 * price ** -1.5 * np.array([1.01, 0.99, 1.0, 1.0])
+    slope, se = fitted_slope(price, noisy)
+    assert slope == pytest.approx(-np.polyfit(np.log(price), np.log(noisy), 1)[0]) and se > 0
+    slope, se = fitted_slope(price[:2], 7.0 / price[:2])  # two passes: a slope, no standard error
+    assert slope == pytest.approx(1.0) and np.isnan(se)
+    assert all(np.isnan(fitted_slope(np.ones(3), np.arange(1.0, 4.0))))  # prices that do not differ tell nothing
 
 
 def toy_log(num_draft: int, shift: float) -> pd.DataFrame:
