@@ -64,7 +64,8 @@ def _fake_rounds(monkeypatch, price_ses: list[float]) -> list[str]:
 @pytest.mark.parametrize(("price_ses", "served"), [
     ([0.05, 0.01], 3),  # too wide after the 2 rounds asked for, narrow enough after one more
     ([0.05, 0.05, 0.05], 5),  # never narrow enough: up to max_rounds, no further
-    ([0.015], 2),  # at the target is narrow enough
+    ([0.015, 0.015], 3),  # at the target is narrow enough, once three passes tell it
+    ([0.001, 0.05, 0.01], 4),  # two passes that agree are not enough: a third, which disagrees, then a fourth
     ([0.0151, 0.02, 0.015], 4),  # steady (below 2.51%) but above the target: rounds until it is met
     ([float("nan"), 0.01], 3),  # NaN (one pass cannot tell) counts as not narrow enough
 ])
@@ -82,6 +83,8 @@ def test_max_rounds_adds_rounds_while_the_passes_disagree(monkeypatch, price_ses
     assert probes.groupby("round").size().tolist() == [3] * served  # a pass and two slices per round
     extra = [line for line in lines if "one more round" in line]
     assert len(extra) == served - 2 and (not extra or extra[-1].endswith(f"{served} of at most 5"))
+    if price_ses[0] <= 0.015:  # the second round's passes agree: the count, not the spread, adds the third
+        assert "(target: at most 1.50%, read from at least 3 kept passes): one more round, 3 of at most 5" in extra[0]
     assert f"pass {served}/{served}" in [line for line in lines if line.startswith("profiling")][-1]
 
 
@@ -126,15 +129,16 @@ def test_stop_when_unsteady_stops_passes_beyond_mending(monkeypatch, price_ses: 
         measure()
 
 
-@pytest.mark.parametrize(("price_se", "stops"), [(0.03, True), (0.01, False)])
+@pytest.mark.parametrize(("max_rounds", "stops"), [(4, True), (2, False)])
 def test_slices_that_decide_the_verdict_on_the_last_planned_round_stop_a_run_max_rounds_would_extend(
-        monkeypatch, price_se: float, stops: bool) -> None:
+        monkeypatch, max_rounds: int, stops: bool) -> None:
     """Round 2 of 2 serves one slice at half and one at twice the passes' speed: no reference keeps both, which
-    decides the verdict. When --max-rounds would add a round (passes 3% apart) the run stops there; when it would
-    not (1%), round 2 is the last and the run reports, as before."""
-    lines = _fake_rounds(monkeypatch, [price_se])
+    decides the verdict. When --max-rounds would add a round (passes 3% apart, rounds left) the run stops there;
+    when it cannot (no round left), round 2 is the last and the run reports, as before."""
+    lines = _fake_rounds(monkeypatch, [0.03])
     readings = iter([1.0] * 8 + [0.5, 0.5, 2.0, 2.0])
-    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=4, stop_when_unsteady=True)
+    cfg = ValidationConfig(users=(1, 2), policies=("mtp1",), rounds=2, max_rounds=max_rounds,
+                           stop_when_unsteady=True)
     measure = partial(rounds.measure_rounds, cfg, SimpleNamespace(verifier=None, drafter=None, prompts=None,
                                                                   description="none"),
                       [("mtp1", 1), ("mtp1", 2)], lambda: next(readings, 1.0), lines.append)

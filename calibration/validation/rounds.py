@@ -9,10 +9,10 @@ machine tends to slow down over a round).
 With ``max_rounds``, a run goes on past ``rounds`` while its passes still disagree about the price of the points'
 real steps (:func:`~calibration.validation.points.run_price_se` above ``target_price_se``, at most
 :data:`~calibration.validation.report.STEADY_MAX_PROFILE_PRICE_SE`, the bound above which the report calls the
-machine not steady): each extra round adds a pass, whose spread shrinks as one over the square root of their
-number, and a slice of every point, of the same length. With ``stop_when_unsteady`` a run stops after a round
-once its slices decide a ``MACHINE NOT STEADY`` report, or once its passes disagree beyond what its remaining rounds
-can mend (:func:`hopeless_passes`).
+machine not steady), or while fewer than :data:`MIN_PASSES_TO_STOP` passes are kept: each extra round adds a pass,
+whose spread shrinks as one over the square root of their number, and a slice of every point, of the same length.
+With ``stop_when_unsteady`` a run stops after a round once its slices decide a ``MACHINE NOT STEADY`` report, or
+once its passes disagree beyond what its remaining rounds can mend (:func:`hopeless_passes`).
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ PROBE_COLUMNS = ("round", "phase", "policy", "num_users", "before_s", "after_s",
 # the most passes the run may reach would still leave ``se * sqrt(passes / most)``; above this many times the steady
 # bound the run stops (the factor leaves room for a spread read from two or three passes, which is itself loose).
 STOP_PRICE_SE_FACTOR = 2.0
+
+# --max-rounds stops adding rounds once the passes' price standard error meets the target, read from this many kept
+# passes or more: a spread of two has one degree of freedom, and two passes that happen to agree say little (the
+# long-context run of 2026-12-07 13:22 stopped on two kept passes whose prices its slices then paid 2-8% over).
+MIN_PASSES_TO_STOP = 3
 
 
 def measure_rounds(cfg: ValidationConfig, models: Models, points: list[tuple[str, int]],
@@ -119,7 +124,8 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
     passes = [passes[k] for k in kept_passes(pass_s, cfg.drift_tolerance)]  # as the report combines them
     stop_on_price = cfg.stop_when_unsteady and round_idx < most and len(passes) >= 2
     price_se = run_price_se(cfg, reals, passes) if extend or stop_on_price else float("nan")
-    extend = extend and not price_se <= cfg.target_price_se  # NaN (one pass) tells nothing: one more too
+    enough = len(passes) >= MIN_PASSES_TO_STOP
+    extend = extend and not (price_se <= cfg.target_price_se and enough)  # NaN (one pass) tells nothing: one more
     # A round is the last when none is planned after it and --max-rounds adds none: then the run reports.
     if unsteady and cfg.stop_when_unsteady and (round_idx < planned or extend):
         raise MachineNotSteady(f"stopped after round {round_idx}/{planned} (--stop-when-unsteady): {line}", probes)
@@ -131,7 +137,9 @@ def _after_round(cfg: ValidationConfig, log: list[dict[str, Any]], reals: dict[t
         planned += 1
         spread = ("one profile pass cannot tell its own error" if len(passes) < 2 else
                   f"the {len(passes)} profile passes price the points' real steps with a mean standard error "
-                  f"of {100 * price_se:.2f}% (target: at most {100 * cfg.target_price_se:.2f}%)")
+                  f"of {100 * price_se:.2f}% (target: at most {100 * cfg.target_price_se:.2f}%"
+                  + ("" if enough or not price_se <= cfg.target_price_se else
+                     f", read from at least {MIN_PASSES_TO_STOP} kept passes") + ")")
         progress(f"{spread}: one more round, {planned} of at most {cfg.max_rounds}")
     return planned
 
