@@ -191,7 +191,7 @@ def test_tables_have_the_simulators_schema(served) -> None:
     assert list(result.requests.columns) == list(sim.requests.columns)
     assert list(result.steps.columns) == [*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens",
                                           "prefill_tokens", "num_prefill_requests", "max_verified_tokens", "wait_s",
-                                          "cpu_at", "canary_s", "num_joined", "num_left"]
+                                          "cpu_at", "canary_s", "num_joined", "num_left", "num_cut_prefills"]
     assert result.steps["canary_s"].isna().all()  # no speed meter was reading
     assert set(sim.summary) - {"profile", "profile_source"} <= set(result.summary)
 
@@ -225,6 +225,9 @@ def test_tables_conserve_tokens(served) -> None:
     assert first["num_joined"] == len(joined) and steps["num_joined"].sum() == steps["num_left"].sum() == len(decoded)
     size = steps["num_requests"].to_numpy()
     np.testing.assert_array_equal(size[1:] - size[:-1], steps["num_joined"].to_numpy()[1:] - steps["num_left"][:-1])
+    # prefills cut from the decode clock: each prompt at most once, a decoded request's before the step it joins in
+    assert len(decoded) <= steps["num_cut_prefills"].sum() <= len(req)
+    assert (steps["num_cut_prefills"].cumsum() >= steps["num_joined"].cumsum()).all()
     assert (steps["max_context_tokens"] <= steps["context_tokens"]).all()
     assert (steps["max_context_tokens"] <= (req["prompt_tokens"] + req["output_tokens"] - 2).max()).all()
     # timestamps in order; a step's parts fit inside it

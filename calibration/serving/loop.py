@@ -128,6 +128,7 @@ class _Server:
         self.num_finished = 0
         self.waited_s = 0.0  # slept since the previous step (see _take_wait)
         self.joined = 0  # requests that joined the batch since the previous step (this step's num_joined)
+        self.cut_prefills = 0  # prompts prefilled here, their time cut from the decode clock, since the previous step
         self.canary_s = float("nan")  # the speed meter's reading before the current step (see _read_speed)
         self.cpu_start_s = time.thread_time()
         g = spec.policy.draft_tokens(spec.gamma)
@@ -165,6 +166,7 @@ class _Server:
         prefill_s = clock.timer() - started
         if self.spec.prefill == "disaggregated":
             clock.excised_s += prefill_s  # booked to the prefill instance, not the decode device
+            self.cut_prefills += 1  # its time is cut; what it left in the caches is the next steps' (num_cut_prefills)
             start_at = max(float(store.arrival_at[rid]), self.prefill_free_at)
             self.prefill_free_at = first_token_at = start_at + prefill_s
         else:
@@ -246,12 +248,12 @@ class _Server:
             raise RuntimeError("requests wait to be prefilled but no chunk fits: check the token budget")
         firsts, timing = self.batch.chunk_step(chunks, self.rng_accept)
         end_at = self.clock.now()
-        joined, self.joined = self.joined, 0  # (0: only a decode step follows a join)
+        joined, cut, self.joined, self.cut_prefills = self.joined, self.cut_prefills, 0, 0  # joined: 0 here
         prefill_tokens, num_prefilling = self._advance_prefill(firsts, start_at, end_at)
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
                           host_s, 0, 0, prefill_tokens, num_prefilling, 0, self._take_wait(),
-                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, 0)
+                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, 0, cut)
 
     def _take_wait(self) -> float:  # seconds slept since the previous step (its wait_s)
         waited_s, self.waited_s = self.waited_s, 0.0
@@ -294,7 +296,8 @@ class _Server:
         if done_slots:
             batch.leave(done_slots)
         end_at = clock.now()
-        joined, self.joined = self.joined, 0  # before the chunks' requests join: their first step is the next one
+        # before the chunks' requests join: their first step is the next one
+        joined, cut, self.joined, self.cut_prefills = self.joined, self.cut_prefills, 0, 0
         prefill_tokens, num_prefilling = self._advance_prefill(record.first_tokens, start_at, end_at)
         if end_at > self.spec.warmup_s:
             g = self.verified_length_counts.size - 1
@@ -305,7 +308,7 @@ class _Server:
                           int(accepted.sum()), int(emitted.sum()), record.decision.capacity, timing.draft_s,
                           timing.sched_s, timing.verify_s, host_s, int(contexts.sum()), int(contexts.max()),
                           prefill_tokens, num_prefilling, int(lengths.max()), self._take_wait(),
-                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, len(done_slots))
+                          time.thread_time() - self.cpu_start_s, self.canary_s, joined, len(done_slots), cut)
         if finished.size:
             self._finish(finished, end_at)
 

@@ -35,10 +35,12 @@ PromptSource = Callable[[str, int, np.random.Generator], list[int]]  # (domain, 
 # arrival or a prefill between the previous step and this one (idle decode device, not step cost), and the loop
 # thread's CPU seconds at the step's end (since the start: a cycle's wall time beyond its CPU time and its sleep is
 # time other jobs took), the requests that joined the batch since the previous step (their first step is this one)
-# and those this step finished.
+# and those this step finished, and the prompts the loop prefilled on the decode core since the previous step with
+# their time cut from the decode clock (disaggregated mode; their time is not the step's, the cache they leave behind
+# is: docs/validation.md, "The static residual at low R").
 STEP_COLUMNS = (*StepLog.COLUMNS, "host_s", "context_tokens", "max_context_tokens", "prefill_tokens",
                 "num_prefill_requests", "max_verified_tokens", "wait_s",
-                "cpu_at", "canary_s", "num_joined", "num_left")
+                "cpu_at", "canary_s", "num_joined", "num_left", "num_cut_prefills")
 # The prefill chunks of a chunked run, one row per chunk computed (ServingResults.chunks): the step it ran in (its
 # row in the run's steps table, counted from 0), its request, the prompt tokens computed before it (what it attends
 # over besides itself, the simulator's chunk context) and its prompt tokens. A step's chunk_tokens sum to its
