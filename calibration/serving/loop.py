@@ -248,7 +248,7 @@ class _Server:
             raise RuntimeError("requests wait to be prefilled but no chunk fits: check the token budget")
         firsts, timing = self.batch.chunk_step(chunks, self.rng_accept)
         end_at = self.clock.now()
-        joined, cut, self.joined, self.cut_prefills = self.joined, self.cut_prefills, 0, 0  # joined 0: decode follows joins
+        joined, cut, self.joined, self.cut_prefills = self.joined, self.cut_prefills, 0, 0  # a chunk step joins none
         prefill_tokens, num_prefilling = self._advance_prefill(firsts, start_at, end_at)
         host_s = (end_at - start_at) - timing.draft_s - timing.sched_s - timing.verify_s
         self.steps.append(0, start_at, end_at, 0, 0, 0, 0, 0, -1, timing.draft_s, timing.sched_s, timing.verify_s,
