@@ -110,6 +110,11 @@ class Cluster:
         check_profile_covers(spec.profile, spec.drafter.latency_table, replace(demand, decision_policy=charged))
         if spec.policy_profile is not None:  # the policy's own pricing has no decision in it
             check_profile_covers(spec.policy_profile, spec.drafter.latency_table, demand)
+        if (spec.profile.decode_tail_s and spec.cluster.mode == "disaggregated"
+                and spec.cluster.num_decode_engines != 1):
+            raise ValueError(f"profile {spec.profile.path}: prefill.decode_tail_s prices prompts prefilled on the "
+                             "decode engine's own device, which needs cluster.num_decode_engines = 1 (got "
+                             f"{spec.cluster.num_decode_engines}); use a profile without it")
         if spec.duration_s is None and isinstance(traffic, TrafficSpec) and traffic.arrival == "closed":
             raise ValueError("closed-loop traffic never ends: set duration_s")
 
@@ -158,6 +163,8 @@ class Cluster:
         else:
             for rid, tokens in zip(ids.tolist(), self.store.prompt_tokens[ids].tolist(), strict=True):
                 self.prefill.join(rid, tokens, True)
+            # A profile with prefill.decode_tail_s prefills on the (single) decode engine's device as they arrive.
+            self.engines[0].recent_prefills.add(ids.size)
 
     def _recompute(self, request_ids: np.ndarray, kv_tokens: np.ndarray) -> None:
         """Disaggregated + paged KV: preempted requests recompute ``kv_tokens`` of KV in the prefill pool and go

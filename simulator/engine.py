@@ -23,10 +23,9 @@ preempt into the cluster's prefill pool), is applied without a SimPy round
 trip; the engine's clock ``now`` runs ahead of ``env.now`` until it schedules
 a step at exactly the time the plain loop would. Same steps, times and order.
 
-Modes (``cluster.mode``): ``disaggregated`` - requests arrive prefilled from
-the cluster's prefill pool; ``chunked`` - requests arrive unprefilled and the
-engine prefills them in chunks inside its own steps, after the decode and
-verification tokens, as vLLM's scheduler does.
+Modes (``cluster.mode``): ``disaggregated`` - requests arrive prefilled from the cluster's prefill pool;
+``chunked`` - requests arrive unprefilled and the engine prefills them in chunks inside its own steps, after the
+decode and verification tokens, as vLLM's scheduler does.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from simulator.decode_set import DecodeSet, add_counters
 from simulator.decode_step import DecodeStep, LengthCounts
 from simulator.kv import KVAccount
 from simulator.preemption import Preemption
+from simulator.recent_prefills import RecentPrefills
 from simulator.requests import RequestStore
 from simulator.sample_ahead import SampleAhead
 from simulator.specs import EngineLimits, PrefillMode
@@ -108,8 +108,7 @@ class DecodeEngine(Preemption):
         self.memory = PolicyMemory()  # stale pools and EMA rows the policy carries between steps
         self.estimator = estimator  # acceptance.confidence.source=online: the policy's confidences, learned
         self.now = env.now  # the engine's clock: env.now, or ahead of it while running ahead (see _run)
-        # Its plans may hand preempted requests to the cluster, which must happen at env.now.
-        self._runs_ahead = not (self.kv.paged and mode == "disaggregated")
+        self._runs_ahead = not (self.kv.paged and mode == "disaggregated")  # preempting hands requests over now
         # The parametric model does not read the requests' positions in their outputs, and samples ahead.
         parametric = (type(acceptance).sample_step is AcceptanceModel.sample_step
                       and type(acceptance).sample_steps is AcceptanceModel.sample_steps)
@@ -125,6 +124,7 @@ class DecodeEngine(Preemption):
         self.length_counts = LengthCounts(self.draft_tokens)  # over measured request-steps
         self._joined = 0  # requests that joined the batch since the last plan (their first step is the next one)
         self._idle = True  # nothing to run since the last plan: the next step wakes the engine
+        self.recent_prefills = RecentPrefills(profile)  # prompts prefilled on this device (prefill.decode_tail_s)
         self.load = 0  # requests held (decoding, prefilling, waiting) for the least-loaded router, counted
         self._wakeup: Event | None = None
         self.process = env.process(self._run())
@@ -234,7 +234,7 @@ class DecodeEngine(Preemption):
                 if not self._may_run_ahead(plan):
                     break
                 if (self._repeats and not self.waiting and plan.decision.smoothed is None and not self.memory.smoothed
-                        and not plan.churn_s):
+                        and not plan.churn_s and not self.recent_prefills.pending):
                     self._repeat(plan)
                 else:
                     self._apply(plan, plan.end_at)
@@ -299,12 +299,13 @@ class DecodeEngine(Preemption):
 
     def _churn_s(self, plan: DecodeStep) -> float:
         """The profile's work for the requests that joined the batch before ``plan``, those it finishes, and for
-        waking the engine when it sat idle before it."""
+        waking the engine when it sat idle before it, and the tail of the prompts prefilled on its device."""
         (joined, self._joined), (woke, self._idle) = (self._joined, 0), (self._idle, False)
+        tail_s = self.recent_prefills.step_s()
         if not plan.ends_request:
-            return self.pricer.profile.churn_s(joined, 0, woke)
+            return self.pricer.profile.churn_s(joined, 0, woke) + tail_s
         after = plan.remaining_after if plan.remaining_after is not None else self.decode.remaining - 1
-        return self.pricer.profile.churn_s(joined, int(np.count_nonzero(after == 0)), woke)
+        return self.pricer.profile.churn_s(joined, int(np.count_nonzero(after == 0)), woke) + tail_s
 
     def _decide(self, plan: DecodeStep) -> None:
         policy, g, decode = self.policy, self.draft_tokens, self.decode

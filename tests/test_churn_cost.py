@@ -137,12 +137,12 @@ def test_the_drafter_factor_is_the_ratio_of_sums_at_one_r_and_interpolates_betwe
     ran at is NaN."""
     iso_s, real_s = np.array([1e-3, 2e-3, 4e-3]), np.array([1.5e-3, 2.0e-3, 7.5e-3])
     one = pd.DataFrame(dict(num_requests=4, draft_tokens=3, iso_draft_s=iso_s, draft_s=real_s))
-    np.testing.assert_allclose(draft_factors(one, (4,), (1, 3)), [[np.nan, real_s.sum() / iso_s.sum()]], rtol=1e-12)
+    np.testing.assert_allclose(draft_factors(one, (4,), (1, 3))[0], [[np.nan, real_s.sum() / iso_s.sum()]], rtol=1e-12)
     reqs = np.arange(1, 9)
     iso = 1e-3 * (1 + reqs)
     factor = np.interp(reqs, (1, 4, 8), (1.2, 1.5, 1.1))
     steps = pd.DataFrame(dict(num_requests=reqs, draft_tokens=1, iso_draft_s=iso, draft_s=factor * iso))
-    np.testing.assert_allclose(np.array(draft_factors(steps, (1, 4, 8), (1,)))[:, 0], [1.2, 1.5, 1.1], rtol=1e-9)
+    np.testing.assert_allclose(np.array(draft_factors(steps, (1, 4, 8), (1,))[0])[:, 0], [1.2, 1.5, 1.1], rtol=1e-9)
 
 
 def test_logged_steps_are_priced_with_their_joins_and_leaves(v2_raw) -> None:
@@ -167,5 +167,5 @@ def test_the_loop_costs_write_them_into_version2_profiles_only(default_profile, 
     assert folded.churn_s(1, 1, woke=True) == pytest.approx(JOIN_S + LEAVE_S + WAKE_S)
     assert "verify.join_s, leave_s, wake_s" in folded.metadata["loop_costs"]["folded"]
     # version 1 has no such fields (the probe fits them only for version 2): refused, never dropped
-    with pytest.raises(ValueError, match="join_s, leave_s and wake_s need a version-2 profile"):
+    with pytest.raises(ValueError, match="join_s, leave_s, wake_s and the prefill tail need a version-2 profile"):
         costs.fold(default_profile.raw)

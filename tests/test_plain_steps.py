@@ -12,6 +12,7 @@ import pytest
 
 from calibration.profiling import loop_costs, plain_steps, policy_steps
 from calibration.profiling.loop_costs import LoopCosts
+from calibration.profiling.step_prices import static_attention_s
 from policies import make_policy
 from simulator import simulate
 from simulator.costs import ProfileError, profile_from_dict
@@ -32,7 +33,7 @@ def _loop_run(profile, plain_full_upto: int = 64, varlen_extra_s: float = 0.0):
         k, users = spec.policy.draft_tokens(GAMMA), spec.traffic.num_users
         running = users - 1 if k == 0 and users > plain_full_upto else users
         batch_tokens, context = running * (1 + k), 300
-        iso_s = profile.verify_s(running, batch_tokens) + loop_costs._attention_s(profile, running, k,
+        iso_s = profile.verify_s(running, batch_tokens) + static_attention_s(profile, running, k,
                                                                                    running * context, context)
         draft_s = 2e-3 * k
         count = policy_steps.MIN_FULL_BATCH_STEPS + 1
@@ -73,7 +74,7 @@ def test_the_folded_profile_prices_steps_without_speculation_by_their_own_probe(
     folded = profile_from_dict(measured.fold(default_profile.raw))
     before = profile_from_dict(replace(measured, plain_per_request_s=(), plain_prefill_factor=None).fold(
         default_profile.raw))
-    none_step_s = folded.verify_s(USERS, USERS) + loop_costs._attention_s(folded, USERS, 0, USERS * 300, 300)
+    none_step_s = folded.verify_s(USERS, USERS) + static_attention_s(folded, USERS, 0, USERS * 300, 300)
     iso_none_s = default_profile.verify_s(USERS, USERS)
     assert none_step_s == pytest.approx(iso_none_s + EXTRA_S[False], rel=1e-9)
     assert before.verify_s(USERS, USERS) == pytest.approx(iso_none_s + EXTRA_S[True], rel=1e-9)  # what it was

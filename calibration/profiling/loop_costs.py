@@ -94,13 +94,13 @@ from calibration.profiling.plain_steps import (
 )
 from calibration.profiling.policy_steps import (
     PROBE_SEED_OFFSET,
-    PROBE_STRETCHES,
+    check_full_batches,
     measure_policy_steps,
     probe_duration_s,
     serve_stretched,
 )
 from calibration.profiling.residual_fit import VARIABLE_LENGTH, churn_fit, draft_factors, probe_misfit
-from calibration.profiling.step_prices import batch_contexts, priced_cycles
+from calibration.profiling.step_prices import batch_contexts, priced_cycles, static_attention_s
 from calibration.serving.loop import ServingModels, ServingSpec, random_prompts
 from calibration.serving.spec import ClockKind
 from calibration.serving.specdec import FLAT_COST
@@ -127,6 +127,7 @@ class VariableLength(PolicyTraits):
         return Decision(lengths=lengths, pool=prefix_survival(view.confidence), capacity=int(lengths.sum()))
 
 
+DECODE_TAIL_STEPS = 6  # decode steps after a prefill cut from the decode clock that the tail is fitted over
 FIXED_LENGTHS = LengthSpec(prompt_median_tokens=32, prompt_sigma=0.0, output_median_tokens=96, output_sigma=0.0)
 
 
@@ -156,6 +157,9 @@ class LoopCosts:
     plain_per_request_s: tuple[float, ...] = ()
     plain_prefill_factor: float | None = None
     plain_num_requests: tuple[int, ...] = ()  # [NP] the R of plain_per_request_s (those where its batch filled)
+    # [K] seconds per prompt prefilled on the decode device, k steps back: in the residual and in the drafter
+    residual_tail_s: tuple[float, ...] = ()
+    draft_tail_s: tuple[float, ...] = ()
 
     def draft_factor_at(self, num_requests: np.ndarray, draft_tokens: np.ndarray) -> np.ndarray:
         """Factor [len(R), len(g)]: linear in g between the probed lengths, in R between the probed R."""
@@ -173,8 +177,9 @@ class LoopCosts:
         # alone; in the dense table (version 1) it would also be charged on co-located prefill chunks' tokens.
         per_decode_token = profile.get("version", 1) >= 2
         churn = {"join_s": self.join_s, "leave_s": self.leave_s, "wake_s": self.wake_s}
-        if not per_decode_token and any(churn.values()):
-            raise ValueError("join_s, leave_s and wake_s need a version-2 profile (verify.join_s, ...)")
+        if not per_decode_token and (any(churn.values()) or any(self.residual_tail_s + self.draft_tail_s)):
+            raise ValueError("join_s, leave_s, wake_s and the prefill tail need a version-2 profile (verify.join_s, "
+                             "..., prefill.decode_tail_s)")
         step_s = 1.0 / np.array(verify["steps_per_s"])
         if not per_decode_token:
             step_s = step_s + self.extra_per_batch_token_s * tokens
@@ -194,7 +199,8 @@ class LoopCosts:
                                         + ("verify.decode_token_s += extra_per_batch_token_s (charged per decode "
                                            "token, none per prefill-chunk token)" if per_decode_token else
                                            "1/SPS(B) += extra_per_batch_token_s * B")
-                                        + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s"
+                                        + ("; verify.join_s, leave_s, wake_s = join_s, leave_s, wake_s; "
+                                           "prefill.decode_tail_s = residual_tail_s + draft_tail_s"
                                            if per_decode_token else "")
                                         + ("; per_request(R) += extra_per_request_s(R) - gap(R) (clipped at 0) "
                                            "and draft(R, g) += gap(R), gap = extra_per_request_s - "
@@ -209,6 +215,9 @@ class LoopCosts:
                               "step_s": np.maximum(np.array(per_request["step_s"]) + extra, 0.0).tolist()}
         out["prefill"] = {**out["prefill"], "fixed_s": self.prefill_factor * out["prefill"]["fixed_s"],
                           "tokens_per_s": out["prefill"]["tokens_per_s"] / self.prefill_factor}
+        tail_s = np.add(self.residual_tail_s, self.draft_tail_s) if self.residual_tail_s else np.zeros(0)
+        if tail_s.any():  # through the last step that pays
+            out["prefill"]["decode_tail_s"] = tail_s[:int(np.flatnonzero(tail_s)[-1]) + 1].tolist()
         if "table" in out["prefill"]:
             table = out["prefill"]["table"]
             scaled = self.prefill_factor * np.array(table["latency_s"])
@@ -271,16 +280,17 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
             frames.append(priced_cycles(result.steps, warmup_s + ramp_s).assign(
                 draft_tokens=k, users=r, static=not isinstance(policy, VariableLength)))
     s = pd.concat(frames, ignore_index=True)
-    _check_full_batches(s, probed, [(policy, k) for policy, k in probes if k > 0])
+    check_full_batches(s, probed, [(p.name if isinstance(p, VariableLength) else f"mtp{k}", k,
+                                    not isinstance(p, VariableLength)) for p, k in probes if k > 0])
     plain_steps = s["draft_tokens"] == 0
     plain_reqs = plain_probed(s[plain_steps], probed)
     iso_draft = np.array([isolated.draft_s(drafter.kind, r, g, isolated.draft_context(drafter.kind, batch_contexts(
         r, c, m))) for r, g, c, m in zip(s["num_requests"], s["draft_tokens"], s["context_tokens"],
                                          s["max_context_tokens"], strict=True)])
     padded = s["num_requests"] * (1 + s["max_verified_tokens"]) - s["batch_tokens"]
-    iso_verify = np.array([isolated.verify_s(r, b, p) + _attention_s(isolated, r, k, c, m) for r, b, p, k, c, m in
-                           zip(s["num_requests"], s["batch_tokens"], padded, s["draft_tokens"], s["context_tokens"],
-                               s["max_context_tokens"], strict=True)])
+    iso_verify = np.array([isolated.verify_s(r, b, p) + static_attention_s(isolated, r, k, c, m)
+                           for r, b, p, k, c, m in zip(s["num_requests"], s["batch_tokens"], padded, s["draft_tokens"],
+                                                       s["context_tokens"], s["max_context_tokens"], strict=True)])
     s = s.assign(iso_draft_s=iso_draft,
                  residual_s=s["cycle_s"] - s["draft_s"] - iso_verify,  # what the isolated verify table misses
                  host_s_cycle=s["cycle_s"] - s["draft_s"] - s["verify_s"])
@@ -288,9 +298,10 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     # Means, not medians: throughput is tokens over the *sum* of step times, and on a CPU the step times have a
     # right tail (steps that run up to 2x slower in every part - drafter, forward, host - while another job shares
     # the core); a median leaves it out and prices every step as a typical one.
-    grid = draft_factors(s[s["static"]], probed, gammas)
+    tail_steps = DECODE_TAIL_STEPS if isolated.version >= 2 else 0  # version 1 has no prefill.decode_tail_s
+    grid, draft_tail_s = draft_factors(s[s["static"]], probed, gammas, tail_steps)
     # The line is the static probes' (see the module docstring); the variable-length probe is reported against it.
-    line = churn_fit(s[s["static"]], probed, churn=isolated.version >= 2)
+    line = churn_fit(s[s["static"]], probed, churn=isolated.version >= 2, tail_steps=tail_steps)
     host_design = np.column_stack((np.ones(len(s)), s["num_requests"], s["num_verified_tokens"]))
     host_coef = np.linalg.lstsq(host_design, s["host_s_cycle"].to_numpy(), rcond=None)[0]
     in_loop_s, iso_s, none_prefill = (np.array(column) for column in zip(*prefills, strict=True))
@@ -298,30 +309,8 @@ def measure_loop_costs(verifier: Verifier, drafter: Drafter, gamma: int, num_req
     return LoopCosts(probed, gammas, grid, line.per_request_s, line.per_batch_token_s, prefill_factors[0],
                      float(host_coef[0]), float(host_coef[1]), float(host_coef[2]), len(s),
                      probe_misfit(s.assign(line_s=line.at(s)), probed), line.join_s, line.leave_s, line.wake_s,
-                     plain_per_request_s(plain, line, plain_reqs), prefill_factors[1], plain_reqs)
-
-
-def _check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[PolicyTraits, int]]) -> None:
-    """Every static probe (the draft factor at R, g) and the variable-length one (the residual at R) needs
-    full-batch ``steps`` (columns users, num_requests, draft_tokens, static) at every probed R; a ValueError names
-    those without."""
-    full = steps[steps["num_requests"] == steps["users"]]
-    ran = set(zip(full["users"], full["draft_tokens"], full["static"], strict=True))
-    missing = [(r, policy.name if isinstance(policy, VariableLength) else f"mtp{k}") for r in probed
-               for policy, k in probes if (r, k, not isinstance(policy, VariableLength)) not in ran]
-    if missing:
-        raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
-                         f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")
-
-
-def _attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,
-                 max_context_tokens: int) -> float:
-    """A probe step's attention by the profile (0 without an attention table): every request verifies
-    ``draft_tokens`` (static policies) over the longest context when keys are padded to it, else over the mean."""
-    if profile.attention is None:
-        return 0.0
-    context = max_context_tokens if profile.key_padding == "longest" else context_tokens / num_requests
-    return profile.attention_s(np.full(num_requests, float(context)), 1 + draft_tokens)
+                     plain_per_request_s(plain, line, plain_reqs), prefill_factors[1], plain_reqs,
+                     line.decode_tail_s, draft_tail_s)
 
 
 def with_loop_costs(profile: dict[str, Any], model: Verifier, drafter: Drafter, gamma: int,

@@ -208,3 +208,15 @@ def fit_excess(steps: pd.DataFrame, draft_tokens: int, knots: tuple[int, ...] | 
     priced = [float(steps.loc[at == r, "priced_s"].mean()) for r in knots]
     return PolicyExcess(max(float(fixed_s), 0.0), float(per_candidate_s), tuple(map(float, table)), tuple(priced),
                         len(steps), tuple(knots), draft_tokens)
+
+
+def check_full_batches(steps: pd.DataFrame, probed: tuple[int, ...], probes: list[tuple[str, int, bool]]) -> None:
+    """Every probe ``(name, draft tokens, static)`` of the loop-cost probe needs full-batch ``steps`` (columns
+    users, num_requests, draft_tokens, static) at every probed R: a static one for its draft factor at (R, g), the
+    variable-length one for its residual at R; a ValueError names those without."""
+    full = steps[steps["num_requests"] == steps["users"]]
+    ran = set(zip(full["users"], full["draft_tokens"], full["static"], strict=True))
+    missing = [(r, name) for r in probed for name, k, static in probes if (r, k, static) not in ran]
+    if missing:
+        raise ValueError(f"the loop probe ran no step with a full batch at (users, probe) {missing}, even "
+                         f"{PROBE_STRETCHES[-1]} times as long after the first prefills; lengthen it (duration_s)")

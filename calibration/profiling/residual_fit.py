@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from calibration.profiling.step_prices import RECENT_PREFILLS
+
 VARIABLE_LENGTH = "varlen-probe"  # the variable-length probe's name (loop_costs.VariableLength)
 
 
@@ -29,13 +31,17 @@ class ResidualLine:
     leave_s: float  # per request the step finished (L)
     wake_s: float  # per step after a sleep (W: 1 when the loop slept before it)
     num_requests: tuple[int, ...] = ()  # [NR] the R of per_request_s
+    decode_tail_s: tuple[float, ...] = ()  # [K] per prompt prefilled on the decode device k steps back (P_k)
 
     def shared_s(self, steps: pd.DataFrame) -> np.ndarray:
         """[steps] the line's terms other than ``a_R`` at ``steps`` (columns batch_tokens, num_joined, num_left,
-        wait_s): its slope and churn costs."""
-        return (self.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
-                + self.join_s * steps["num_joined"].to_numpy(float) + self.leave_s * steps["num_left"].to_numpy(float)
-                + self.wake_s * (steps["wait_s"] > 0).to_numpy(float))
+        wait_s and, with a tail, :data:`RECENT_PREFILLS`): its slope, churn costs and prefill tail."""
+        shared = (self.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
+                  + self.join_s * steps["num_joined"].to_numpy(float) + self.leave_s * steps["num_left"].to_numpy(float)
+                  + self.wake_s * (steps["wait_s"] > 0).to_numpy(float))
+        if self.decode_tail_s:
+            shared = shared + recent_prefills(steps, len(self.decode_tail_s)) @ np.array(self.decode_tail_s)
+        return shared
 
     def at(self, steps: pd.DataFrame) -> np.ndarray:
         """[steps] the line at ``steps`` (each at its own R, column ``num_requests``, as the profile reads it)."""
@@ -68,12 +74,33 @@ def knots_without_steps(num_requests: np.ndarray, knots: tuple[int, ...]) -> lis
     return [r for r in knots if not (at == r).any()]
 
 
-def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True) -> ResidualLine:
+def recent_prefills(steps: pd.DataFrame, num_steps: int) -> np.ndarray:
+    """[steps, num_steps] prompts prefilled on the decode device before each step and before each of the
+    ``num_steps`` - 1 steps before it (the columns :func:`~calibration.profiling.step_prices.priced_cycles` adds)."""
+    return steps[list(RECENT_PREFILLS[:num_steps])].to_numpy(float)
+
+
+def _drop_negative(columns: dict[str, np.ndarray], y: np.ndarray, signed: tuple[str, ...]) -> dict[str, float]:
+    """Least squares of ``y`` on ``columns``; a coefficient outside ``signed`` that comes out negative (work that
+    would make a step faster: noise) is dropped, one at a time, and the rest fitted again. Dropped ones are 0."""
+    columns = dict(columns)
+    while True:
+        coef = dict(zip(columns, np.linalg.lstsq(np.column_stack(list(columns.values())), y, rcond=None)[0],
+                        strict=True))
+        negative = [k for k in coef if k not in signed and coef[k] < 0]
+        if not negative:
+            return coef
+        del columns[negative[0]]
+
+
+def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True, tail_steps: int = 0) -> ResidualLine:
     """Least squares of the steps' ``residual_s`` on a table ``a_R`` over the probed R (each step at its own R,
     column ``num_requests``, :func:`hat_design`; every probed R needs a step at it), a common slope over
-    ``batch_tokens`` and, with ``churn``, the steps' joins and leaves (``num_joined``, ``num_left``) and whether
-    the loop slept before them (``wait_s`` > 0): a mean fit over every step. A slope or churn cost that comes out
-    negative is noise, not work that makes a step faster: it is set to 0 and the rest fitted again."""
+    ``batch_tokens``, with ``churn`` the steps' joins and leaves (``num_joined``, ``num_left``) and whether the
+    loop slept before them (``wait_s`` > 0), and with ``tail_steps`` the prompts prefilled on the decode device
+    before each step and the ``tail_steps`` - 1 before it (:func:`recent_prefills`): a mean fit over every step.
+    A slope, churn or tail cost that comes out negative is noise, not work that makes a step faster: it is set to 0
+    and the rest fitted again."""
     bare = knots_without_steps(steps["num_requests"].to_numpy(), probed)
     if bare:
         raise ValueError(f"the loop probe ran no step at R = {bare} of the probed {list(probed)}")
@@ -84,35 +111,33 @@ def churn_fit(steps: pd.DataFrame, probed: tuple[int, ...], churn: bool = True) 
         columns["join"] = steps["num_joined"].to_numpy(float)
         columns["leave"] = steps["num_left"].to_numpy(float)
         columns["wake"] = (steps["wait_s"] > 0).to_numpy(float)
-    y = steps["residual_s"].to_numpy()
-    while True:
-        design = np.column_stack(list(columns.values()))
-        coef = dict(zip(columns, np.linalg.lstsq(design, y, rcond=None)[0], strict=True))
-        negative = [k for k in ("c", "join", "leave", "wake") if k in coef and coef[k] < 0]
-        if not negative:
-            break
-        del columns[negative[0]]
+    columns.update({f"tail_{k}": column for k, column in enumerate(recent_prefills(steps, tail_steps).T)})
+    coef = _drop_negative(columns, steps["residual_s"].to_numpy(), tuple(f"a_{r}" for r in probed))
     return ResidualLine(tuple(float(coef[f"a_{r}"]) for r in probed), float(coef.get("c", 0.0)),
                         float(coef.get("join", 0.0)), float(coef.get("leave", 0.0)), float(coef.get("wake", 0.0)),
-                        tuple(probed))
+                        tuple(probed), tuple(float(coef.get(f"tail_{k}", 0.0)) for k in range(tail_steps)))
 
 
-def draft_factors(steps: pd.DataFrame, probed: tuple[int, ...],
-                  gammas: tuple[int, ...]) -> tuple[tuple[float, ...], ...]:
+def draft_factors(steps: pd.DataFrame, probed: tuple[int, ...], gammas: tuple[int, ...],
+                  tail_steps: int = 0) -> tuple[tuple[tuple[float, ...], ...], tuple[float, ...]]:
     """[NR][NG] in-loop over isolated drafter seconds at each probed R and draft length, from ``steps`` (columns
     num_requests, draft_tokens, draft_s, iso_draft_s): the factors whose linear interpolation in R times each step's
     isolated seconds fits its measured ones best, rows weighted by 1 / isolated seconds, so that the steps of one R
-    give the ratio of their sums (a mean over the steps, as throughput is). NaN where a length has no step."""
-    grid = np.full((len(probed), len(gammas)), np.nan)
-    for j, k in enumerate(gammas):
-        at = steps[steps["draft_tokens"] == k]
-        if at.empty:
-            continue
-        iso_s = at["iso_draft_s"].to_numpy(float)
-        scale = 1.0 / np.sqrt(iso_s)
-        design = hat_design(at["num_requests"].to_numpy(), probed) * (iso_s * scale)[:, None]
-        grid[:, j] = np.linalg.lstsq(design, at["draft_s"].to_numpy(float) * scale, rcond=None)[0]
-    return tuple(tuple(map(float, row)) for row in grid)
+    give the ratio of their sums (a mean over the steps, as throughput is). NaN where a length has no step. With
+    ``tail_steps``, fitted jointly with the drafter's seconds per prompt prefilled on the decode device before the
+    step and each of the ``tail_steps`` - 1 before it ([K], second; negative ones dropped as noise)."""
+    steps = steps[steps["draft_tokens"].isin(gammas)]
+    iso_s = steps["iso_draft_s"].to_numpy(float)
+    scale = 1.0 / np.sqrt(iso_s)
+    hats = hat_design(steps["num_requests"].to_numpy(), probed) * (iso_s * scale)[:, None]
+    columns = {(j, i): hats[:, i] * (steps["draft_tokens"] == k).to_numpy() for j, k in enumerate(gammas)
+               if (steps["draft_tokens"] == k).any() for i in range(len(probed))}
+    columns.update({k: column * scale for k, column in enumerate(recent_prefills(steps, tail_steps).T)})
+    coef = _drop_negative(columns, steps["draft_s"].to_numpy(float) * scale, tuple(c for c in columns
+                                                                                   if isinstance(c, tuple)))
+    grid = [[coef.get((j, i), np.nan) for j in range(len(gammas))] for i in range(len(probed))]
+    return (tuple(tuple(map(float, row)) for row in grid),
+            tuple(float(coef.get(k, 0.0)) for k in range(tail_steps)))
 
 
 def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:

@@ -33,9 +33,13 @@ import pandas as pd
 
 from policies import make_policy
 from simulator.costs import HardwareProfile, load_profile
+from simulator.costs.schema import MAX_DECODE_TAIL_STEPS
 from simulator.costs.step_cost import decision_s, target_cost
 
 PARTS = ("draft_s", "sched_s", "verify_s")  # what price_parts gives each step; their sum is the step's price
+# [MAX_DECODE_TAIL_STEPS] priced_cycles' columns: prompts prefilled on the decode device (their time cut from the
+# decode clock, the loop's num_cut_prefills) before the step itself (k = 0) and before each of the k steps before it
+RECENT_PREFILLS = tuple(f"cut_prefills_{k}_back" for k in range(MAX_DECODE_TAIL_STEPS))
 _NO_CHUNKS = (np.zeros(0), np.zeros(0, dtype=np.int64))
 
 
@@ -83,13 +87,19 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
       ``steps``'s index; needed when a step has prefill tokens);
     * the work for the requests that joined the batch before the step and those it finished (``verify.join_s``,
       ``verify.leave_s``) and for waking after a sleep (``verify.wake_s``, a step with ``wait_s`` > 0), in the
-      target's part, from the columns ``num_joined`` and ``num_left`` where the table has them.
+      target's part, from the columns ``num_joined`` and ``num_left`` where the table has them;
+    * the tail of the prompts prefilled on the decode device before it (``prefill.decode_tail_s``), in the
+      target's part, from the columns :data:`RECENT_PREFILLS` (:func:`priced_cycles`) where the table has them.
+    Steps logged before the loop counted joins or prefills cut from its clock get none of that work.
     """
     by_step = _chunks_by_step(steps, chunks)
     out = np.zeros((len(steps), len(PARTS)))
-    if "num_joined" in steps:  # the engine's churn work (steps logged before the loop counted it: none priced)
+    if "num_joined" in steps:  # the engine's churn work
         out[:, 2] = [profile.churn_s(j, n, w > 0) for j, n, w in zip(steps["num_joined"], steps["num_left"],
                                                                      steps["wait_s"], strict=True)]
+    if profile.decode_tail_s and RECENT_PREFILLS[0] in steps:
+        out[:, 2] += steps[list(RECENT_PREFILLS)].to_numpy(float) @ np.pad(
+            profile.decode_tail_s, (0, MAX_DECODE_TAIL_STEPS - len(profile.decode_tail_s)))
     for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
             steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
             steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
@@ -109,6 +119,16 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
     return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
 
 
+def static_attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,
+                       max_context_tokens: int) -> float:
+    """A static policy's step's attention by the profile (0 without an attention table): every request verifies
+    ``draft_tokens`` over the longest context when keys are padded to it, else over the mean."""
+    if profile.attention is None:
+        return 0.0
+    context = max_context_tokens if profile.key_padding == "longest" else context_tokens / num_requests
+    return profile.attention_s(np.full(num_requests, float(context)), 1 + draft_tokens)
+
+
 def priced_steps_s(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, policy: str, draft_tokens: int,
                    synchronous: bool = False, chunks: pd.DataFrame | None = None) -> np.ndarray:
     """Seconds the profile gives each step of a real steps table (:func:`price_parts`, summed)."""
@@ -117,7 +137,13 @@ def priced_steps_s(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, 
 
 def priced_cycles(steps: pd.DataFrame, warmup_s: float) -> pd.DataFrame:
     """The steps after ``warmup_s`` that have a measured cycle (a previous step; decoding requests or prefill
-    chunks), with it as ``cycle_s``: end of the previous step to the end of this one, less the sleep between."""
+    chunks), with it as ``cycle_s``: end of the previous step to the end of this one, less the sleep between; and,
+    where ``steps`` (one run's, in order) count the prompts prefilled on the decode device before each
+    (``num_cut_prefills``), those before it and before each of the steps just before it (:data:`RECENT_PREFILLS`)."""
+    if "num_cut_prefills" in steps:
+        cuts, n = steps["num_cut_prefills"].to_numpy(np.int64), len(steps)
+        steps = steps.assign(**{name: np.concatenate((np.zeros(min(k, n), np.int64), cuts[:max(n - k, 0)]))
+                                for k, name in enumerate(RECENT_PREFILLS)})
     cycle_s = steps["end_at"].diff() - steps["wait_s"]
     work = steps["num_requests"] > 0
     if "prefill_tokens" in steps:

@@ -18,6 +18,8 @@ One target step over ``B`` batch tokens of ``R`` requests costs::
     + join_s * J + leave_s * L                      J requests joined the batch since the previous step (this is
                                                     their first), L finish in this one: the engine's bookkeeping
     + wake_s                                        the first step after the engine sat idle
+    + sum_k decode_tail_s[k] * P_k                  P_k prompts prefilled on the decode device before the k-th
+                                                    step back (k = 0: since the previous step; prefill.decode_tail_s)
 
 A disaggregated prefill of n prompt tokens costs ``prefill.table`` at n (version 2, measured over prompt
 tokens: convex, attention being quadratic in the prompt), else ``fixed_s + n / tokens_per_s``; without speculation
@@ -93,6 +95,8 @@ class HardwareProfile:
     mixed_step: tuple[float, float] | None = None  # (fixed_s, per_request_s) of a step with chunks and decoding
     prefill_draft_share: float = 0.0  # share of a disaggregated prefill that is the drafter's (prefill.draft_share)
     chunk_draft: Table2D | None = None  # the drafter's part of chunk_attention (prefill.chunk_attention.draft_s)
+    # [K] seconds the k-th decode step after a prompt prefilled on the decode device pays for it (prefill.decode_tail_s)
+    decode_tail_s: tuple[float, ...] = ()
     # Cache of dense_grid(): [(batch tokens, dense seconds)], filled on first use.
     _grid: list = field(default_factory=list, init=False, repr=False, compare=False)
 
@@ -191,6 +195,12 @@ class HardwareProfile:
         """The engine's work for requests joining the batch before a step and finishing in it, and for waking from
         idle before it (``verify.join_s``, ``verify.leave_s``, ``verify.wake_s``; 0 without them)."""
         return self.join_s * num_joined + self.leave_s * num_left + (self.wake_s if woke else 0.0)
+
+    def decode_tail_at_s(self, recent_prefills: np.ndarray) -> float:
+        """What a step pays for the prompts prefilled on the decode device just before it: ``recent_prefills[k]``
+        prompts before the k-th step back (0: since the previous step), ``prefill.decode_tail_s`` (0 without it)."""
+        tail = self.decode_tail_s
+        return float(np.dot(tail, recent_prefills[: len(tail)])) if tail else 0.0
 
     def chunk_attention_s(self, context_tokens: np.ndarray, chunk_tokens: np.ndarray, drafting: bool = True) -> float:
         """Attention of prefill chunks: ``chunk_tokens[i]`` new prompt tokens over ``context_tokens[i]`` computed

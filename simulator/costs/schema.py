@@ -38,7 +38,8 @@ V2_FIELDS = ("attention", "cuda_graphs", "token_budget", "verify.step_s", "verif
              "verify.draft_token_s", "verify.join_s", "verify.leave_s", "verify.wake_s",
              "draft.<kind>.context_tokens",
              "draft.<kind>.key_padding",
-             "prefill.chunk_attention", "prefill.table", "prefill.mixed_step")
+             "prefill.chunk_attention", "prefill.table", "prefill.mixed_step", "prefill.decode_tail_s")
+MAX_DECODE_TAIL_STEPS = 8  # the most decode steps after a prefill that prefill.decode_tail_s may price
 
 
 def builtin_profiles() -> list[str]:
@@ -242,8 +243,8 @@ def _prefill_table(prefill: dict[str, Any], version: int, origin: str) -> Table1
 
 def _prefill(data: dict[str, Any], version: int, origin: str) -> tuple[float, float, Table2D | None, Table1D | None]:
     prefill = f.block(data, "prefill", origin)
-    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention", "mixed_step", "draft_share"),
-                 "prefill.", origin)
+    f.known_keys(prefill, ("fixed_s", "tokens_per_s", "table", "chunk_attention", "mixed_step", "draft_share",
+                           "decode_tail_s"), "prefill.", origin)
     fixed_s = f.number(f.get(prefill, "fixed_s", "prefill.", origin), "prefill.fixed_s", origin, True)
     tokens_per_s = f.number(f.get(prefill, "tokens_per_s", "prefill.", origin), "prefill.tokens_per_s", origin)
     table = _prefill_table(prefill, version, origin)
@@ -301,6 +302,20 @@ def _draft_share(data: dict[str, Any], origin: str) -> float:
         raise ProfileError(f"{origin}: field 'prefill.draft_share' must be < 1 (a share of the prefill's seconds), "
                            f"got {share}")
     return share
+
+
+def _decode_tail(data: dict[str, Any], version: int, origin: str) -> tuple[float, ...]:
+    """``prefill.decode_tail_s`` (version 2; empty when absent): seconds per prompt prefilled on the decode device
+    that the first, second, ... decode step after it pays (1 to ``MAX_DECODE_TAIL_STEPS`` values, each >= 0)."""
+    tail = data["prefill"].get("decode_tail_s")
+    if tail is None:
+        return ()
+    _needs_v2(version, True, "prefill.decode_tail_s", origin)
+    where = "prefill.decode_tail_s"
+    if not isinstance(tail, list) or not 1 <= len(tail) <= MAX_DECODE_TAIL_STEPS:
+        raise ProfileError(f"{origin}: field '{where}' must be a list of 1 to {MAX_DECODE_TAIL_STEPS} seconds "
+                           f"(one per decode step after a prefill), got {tail!r}")
+    return tuple(float(v) for v in f.values(tail, len(tail), where, origin, True))
 
 
 POLICY_ENTRY = "{fixed_s, per_candidate_s} or {num_candidates, s}"
@@ -374,6 +389,7 @@ def profile_from_dict(data: dict[str, Any], origin: str = "<memory>") -> Hardwar
         cuda_graphs=graphs, max_num_batched_tokens=_token_budget(data, int(dense_end), origin),
         chunk_attention=chunk_attention, prefill_table=prefill_table, mixed_step=_mixed_step(data, version, origin),
         prefill_draft_share=_draft_share(data, origin), chunk_draft=chunk_draft,
+        decode_tail_s=_decode_tail(data, version, origin),
         decode_token_s=_verify_seconds(data["verify"], "decode_token_s", version, origin),
         draft_token_s=_verify_seconds(data["verify"], "draft_token_s", version, origin),
         join_s=_verify_seconds(data["verify"], "join_s", version, origin),
