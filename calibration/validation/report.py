@@ -97,12 +97,9 @@ def read_figure(summary: dict[str, Any], path: tuple[str, ...]) -> float:  # NaN
 
 def point_row(policy: str, num_users: int, sim: dict[str, Any], real: dict[str, Any],
               machine_drift: float = float("nan")) -> dict[str, Any]:
-    """One row: every metric as sim, real and relative error (sim - real) / real.
-
-    ``machine_drift`` is how much slower (> 0) this machine ran a fixed reference
-    probe around the real run than while it was profiled; a simulator fed the
-    profile is expected to be that much too fast on throughput-like metrics.
-    """
+    """One row: every metric as sim, real and relative error (sim - real) / real. ``machine_drift`` is how much
+    slower (> 0) this machine ran a fixed reference probe around the real run than while it was profiled; a
+    simulator fed the profile is expected to be that much too fast on throughput-like metrics."""
     row: dict[str, Any] = {"policy": policy, "num_users": num_users,
                            "real_requests_finished": real["num_requests_finished"],
                            "sim_requests_finished": sim["num_requests_finished"],
@@ -267,12 +264,14 @@ def loop_costs_line(profile: HardwareProfile) -> str:
         return sep.join(f"R={r}: {text(v)}" for r, v in zip(at, loop.get(key) or [], strict=False))
     plain = (f"; without speculation: step residual {per_r('plain_per_request_s')}, the drafter's share of a "
              f"prefill {100 * profile.prefill_draft_share:.0f}%" if loop.get("plain_per_request_s") else "")
+    tail = (" + per prompt prefilled on the decode core " + "/".join(f"{1e3 * t:.3f}" for t in profile.decode_tail_s)
+            + " ms on the steps after it" if profile.decode_tail_s else "")
     return (f"serving-loop costs in the profile: draft factor (gamma {'/'.join(map(str, gammas))}) "
             f"{per_r('draft_factor', lambda row: '/'.join(f'x{f:.2f}' for f in row), '; ')}; step residual "
             f"{per_r('extra_per_request_s')} + {1e6 * loop.get('extra_per_batch_token_s', nan):.1f} us/"
             f"{'decode' if profile.version >= 2 else 'batch'} token + "
             f"{1e3 * loop.get('join_s', 0.0):.3f}/{1e3 * loop.get('leave_s', 0.0):.3f} ms per request joining/"
-            f"leaving + {1e3 * loop.get('wake_s', 0.0):.3f} ms per step after idle; "
+            f"leaving + {1e3 * loop.get('wake_s', 0.0):.3f} ms per step after idle{tail}; "
             f"prefill x{loop.get('prefill_factor', nan):.3f}; of which host {1e3 * loop.get('host_fixed_s', nan):.3f} "
             f"ms/step + {1e6 * loop.get('host_per_request_s', nan):.1f} us/request + "
             f"{1e6 * loop.get('host_per_verified_token_s', nan):.1f} us/verified token{plain}")
