@@ -115,6 +115,20 @@ def test_a_churn_cost_one_pass_fitted_as_none_counts_as_zero() -> None:
         combine_passes([FIRST, FIRST, dataclasses.replace(FIRST, raw=lacking)], "mean")
 
 
+def test_prefill_tails_of_different_lengths_combine_with_zeros_beyond_their_end() -> None:
+    """``LoopCosts.fold`` ends a pass's ``prefill.decode_tail_s`` after its last step that pays (and leaves it out
+    when none does): the passes combine as if each went on with zeros."""
+    def with_tail(*tail: float) -> object:
+        raw = copy.deepcopy(FIRST.raw)
+        raw["version"] = 2
+        if tail:
+            raw["prefill"] = {**raw["prefill"], "decode_tail_s": list(tail)}
+        return profile_from_dict(raw)
+
+    combined = combine_passes([with_tail(1e-3, 3e-4, 1e-4), with_tail(1.2e-3), with_tail()], "mean")
+    np.testing.assert_allclose(combined.decode_tail_s, [2.2e-3 / 3, 1e-4, 1e-4 / 3], rtol=1e-12)
+
+
 def test_the_price_error_of_a_mean_is_the_passes_spread_over_sqrt_n() -> None:
     ratios = np.array([1.0, 1.1, 0.95, 1.05])
     prices = 1 / ratios
