@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from calibration.profiling.step_prices import RECENT_PREFILLS
+from calibration.profiling.step_prices import recent_prefills
 
 VARIABLE_LENGTH = "varlen-probe"  # the variable-length probe's name (loop_costs.VariableLength)
 
@@ -35,7 +35,7 @@ class ResidualLine:
 
     def shared_s(self, steps: pd.DataFrame) -> np.ndarray:
         """[steps] the line's terms other than ``a_R`` at ``steps`` (columns batch_tokens, num_joined, num_left,
-        wait_s and, with a tail, :data:`RECENT_PREFILLS`): its slope, churn costs and prefill tail."""
+        wait_s and, with a tail, those of :func:`recent_prefills`): its slope, churn costs and prefill tail."""
         shared = (self.per_batch_token_s * steps["batch_tokens"].to_numpy(float)
                   + self.join_s * steps["num_joined"].to_numpy(float) + self.leave_s * steps["num_left"].to_numpy(float)
                   + self.wake_s * (steps["wait_s"] > 0).to_numpy(float))
@@ -72,12 +72,6 @@ def knots_without_steps(num_requests: np.ndarray, knots: tuple[int, ...]) -> lis
     would be extrapolated from the neighbours', not measured."""
     at = np.asarray(num_requests)
     return [r for r in knots if not (at == r).any()]
-
-
-def recent_prefills(steps: pd.DataFrame, num_steps: int) -> np.ndarray:
-    """[steps, num_steps] prompts prefilled on the decode device before each step and before each of the
-    ``num_steps`` - 1 steps before it (the columns :func:`~calibration.profiling.step_prices.priced_cycles` adds)."""
-    return steps[list(RECENT_PREFILLS[:num_steps])].to_numpy(float)
 
 
 def _drop_negative(columns: dict[str, np.ndarray], y: np.ndarray, signed: tuple[str, ...]) -> dict[str, float]:
@@ -125,19 +119,20 @@ def draft_factors(steps: pd.DataFrame, probed: tuple[int, ...], gammas: tuple[in
     isolated seconds fits its measured ones best, rows weighted by 1 / isolated seconds, so that the steps of one R
     give the ratio of their sums (a mean over the steps, as throughput is). NaN where a length has no step. With
     ``tail_steps``, fitted jointly with the drafter's seconds per prompt prefilled on the decode device before the
-    step and each of the ``tail_steps`` - 1 before it ([K], second; negative ones dropped as noise)."""
+    step and each of the ``tail_steps`` - 1 before it ([K] seconds; negative ones dropped as noise)."""
     steps = steps[steps["draft_tokens"].isin(gammas)]
     iso_s = steps["iso_draft_s"].to_numpy(float)
     scale = 1.0 / np.sqrt(iso_s)
     hats = hat_design(steps["num_requests"].to_numpy(), probed) * (iso_s * scale)[:, None]
-    columns = {(j, i): hats[:, i] * (steps["draft_tokens"] == k).to_numpy() for j, k in enumerate(gammas)
-               if (steps["draft_tokens"] == k).any() for i in range(len(probed))}
-    columns.update({k: column * scale for k, column in enumerate(recent_prefills(steps, tail_steps).T)})
-    coef = _drop_negative(columns, steps["draft_s"].to_numpy(float) * scale, tuple(c for c in columns
-                                                                                   if isinstance(c, tuple)))
-    grid = [[coef.get((j, i), np.nan) for j in range(len(gammas))] for i in range(len(probed))]
+    lengths = steps["draft_tokens"].to_numpy()
+    columns = {f"x_{j}_{i}": hats[:, i] * (lengths == k) for j, k in enumerate(gammas) if (lengths == k).any()
+               for i in range(len(probed))}
+    factors = tuple(columns)  # signed: only the tails are dropped when negative
+    columns.update({f"tail_{k}": column * scale for k, column in enumerate(recent_prefills(steps, tail_steps).T)})
+    coef = _drop_negative(columns, steps["draft_s"].to_numpy(float) * scale, factors)
+    grid = [[coef.get(f"x_{j}_{i}", np.nan) for j in range(len(gammas))] for i in range(len(probed))]
     return (tuple(tuple(map(float, row)) for row in grid),
-            tuple(float(coef.get(k, 0.0)) for k in range(tail_steps)))
+            tuple(float(coef.get(f"tail_{k}", 0.0)) for k in range(tail_steps)))
 
 
 def probe_misfit(steps: pd.DataFrame, probed: tuple[int, ...]) -> dict[str, list[float]]:

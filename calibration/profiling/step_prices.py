@@ -98,8 +98,7 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
         out[:, 2] = [profile.churn_s(j, n, w > 0) for j, n, w in zip(steps["num_joined"], steps["num_left"],
                                                                      steps["wait_s"], strict=True)]
     if profile.decode_tail_s and RECENT_PREFILLS[0] in steps:
-        out[:, 2] += steps[list(RECENT_PREFILLS)].to_numpy(float) @ np.pad(
-            profile.decode_tail_s, (0, MAX_DECODE_TAIL_STEPS - len(profile.decode_tail_s)))
+        out[:, 2] += recent_prefills(steps, len(profile.decode_tail_s)) @ np.array(profile.decode_tail_s)
     for i, (label, r, b, longest, ctx, max_ctx) in enumerate(zip(
             steps.index, steps["num_requests"].to_numpy(int), steps["batch_tokens"].to_numpy(int),
             steps["max_verified_tokens"].to_numpy(int), steps["context_tokens"].to_numpy(float),
@@ -117,6 +116,12 @@ def price_parts(steps: pd.DataFrame, profile: HardwareProfile, drafter: str, pol
         out[i, 2] += target_cost(profile, r, b, longest, attention_s, chunk_contexts, chunk_tokens,
                                  drafting=draft_tokens > 0).verify_s
     return pd.DataFrame(out, index=steps.index, columns=list(PARTS))
+
+
+def recent_prefills(steps: pd.DataFrame, num_steps: int) -> np.ndarray:
+    """[steps, num_steps] prompts prefilled on the decode device before each step and before each of the
+    ``num_steps`` - 1 steps before it (the columns :func:`priced_cycles` adds)."""
+    return steps[list(RECENT_PREFILLS[:num_steps])].to_numpy(float)
 
 
 def static_attention_s(profile: HardwareProfile, num_requests: int, draft_tokens: int, context_tokens: int,

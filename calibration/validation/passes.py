@@ -65,9 +65,10 @@ def combine_passes(passes: Sequence[HardwareProfile], rule: str = DEFAULT_RULE) 
             if where == "profile.verify":  # a pass's fit may find no work for one of these: the field is left out
                 values = [{**{k: 0.0 for k in VERIFY_SECONDS if k in keys}, **v} for v in values]
             if where == "profile.prefill" and "decode_tail_s" in keys:  # a tail fitted to 0 beyond some step ends there
-                steps = max(len(v.get("decode_tail_s", [])) for v in values)
-                values = [{**v, "decode_tail_s": list(np.pad(v.get("decode_tail_s", []), (0, steps - len(
-                    v.get("decode_tail_s", [])))).astype(float))} for v in values]
+                tails = [v.get("decode_tail_s", []) for v in values]
+                steps = max(map(len, tails))
+                values = [{**v, "decode_tail_s": [*t, *[0.0] * (steps - len(t))]}
+                          for v, t in zip(values, tails, strict=True)]
             for k in keys:
                 lacking = [i + 1 for i, v in enumerate(values) if k not in v]
                 if lacking:
